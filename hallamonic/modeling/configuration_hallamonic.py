@@ -1,0 +1,147 @@
+"""Configuration of a Hallamonic model: a Llama decoder whose attention is a HarmonicBlock.
+
+Everything a Llama has (widths, vocabulary, norms, MLP) keeps its Llama name and meaning, so a
+converted checkpoint is described by the teacher's numbers plus the HarmonicBlock's own knobs.
+Values are validated here, before any weight is built: a checkpoint's config is untrusted input.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+DEFAULT_TIMESCALE_BANDS = ((1.0, 16.0), (16.0, 256.0), (256.0, 4096.0))
+
+
+class HallamonicConfig(PreTrainedConfig):
+    r"""
+    Args (beyond a Llama's):
+        num_attention_heads / num_key_value_heads / head_dim: the replaced attention's geometry. The
+            value stream is ``v_proj`` (``num_key_value_heads * head_dim`` wide) with its GQA heads
+            repeated to ``num_attention_heads * head_dim`` channels -- the HarmonicBlock's state width.
+        timescale_bands: per level ``[tau_min, tau_max]`` in tokens; each level's channels start with
+            time constants tau = -1/log(a) spread log-uniformly over its band (fast -> slow).
+        hierarchy: ``False`` is the "no hierarchy" ablation: every level gets the union band
+            ``[min tau_min, max tau_max]`` instead of its own.
+        error_signal: ``False`` is the "raw states" ablation: level l+1 reads h_l instead of the
+            prediction error e_l = h_{l-1} - P_l(h_l).
+        gate_rank / predictor_rank / output_gate_rank: ranks of the low-rank decay gates, the
+            inter-level predictors P_l and the optional output gate (default ``hidden_size // 8``,
+            which keeps the block within a few percent of the attention's parameter count).
+        output_gate: multiply the summed states by ``2 * sigmoid(low_rank(x))`` before ``o_proj``
+            (identity at initialisation). An option beyond the seed design.
+        value_bias / output_bias: biases on ``v_proj`` / ``o_proj`` (Qwen2 has a v bias).
+        forward_chunk_size: when > 0, forward processes long inputs in chunks of this many tokens,
+            carrying the recurrent states, so activation memory depends on the chunk, not the length.
+        base_model_name_or_path: the teacher this model was converted from (for evaluations).
+    """
+
+    model_type = "hallamonic"
+    keys_to_ignore_at_inference = ["cache"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 2048,
+        intermediate_size: int = 5632,
+        num_hidden_layers: int = 22,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        hidden_act: str = "silu",
+        rms_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        mlp_bias: bool = False,
+        value_bias: bool = False,
+        output_bias: bool = False,
+        timescale_bands=DEFAULT_TIMESCALE_BANDS,
+        hierarchy: bool = True,
+        error_signal: bool = True,
+        gate_rank: int | None = None,
+        predictor_rank: int | None = None,
+        output_gate: bool = False,
+        output_gate_rank: int | None = None,
+        forward_chunk_size: int = 0,
+        base_model_name_or_path: str | None = None,
+        tie_word_embeddings: bool = False,
+        use_cache: bool = True,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | list[int] | None = 2,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
+        self.head_dim = head_dim if head_dim is not None else hidden_size // max(num_attention_heads, 1)
+        self.hidden_act = hidden_act
+        self.rms_norm_eps = rms_norm_eps
+        self.initializer_range = initializer_range
+        self.mlp_bias = mlp_bias
+        self.value_bias = value_bias
+        self.output_bias = output_bias
+        self.timescale_bands = [[float(lo), float(hi)] for lo, hi in timescale_bands]
+        self.hierarchy = hierarchy
+        self.error_signal = error_signal
+        default_rank = max(1, hidden_size // 8)
+        self.gate_rank = gate_rank if gate_rank is not None else default_rank
+        self.predictor_rank = predictor_rank if predictor_rank is not None else default_rank
+        self.output_gate = output_gate
+        self.output_gate_rank = output_gate_rank if output_gate_rank is not None else default_rank
+        self.forward_chunk_size = forward_chunk_size
+        self.base_model_name_or_path = base_model_name_or_path
+        self.tie_word_embeddings = tie_word_embeddings
+        self.use_cache = use_cache
+        self._validate_hallamonic()
+        super().__init__(
+            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs
+        )
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Every layer keeps a fixed-size recurrent state: generate() builds a linear-attention cache."""
+        return ["linear_attention"] * self.num_hidden_layers
+
+    @property
+    def state_width(self) -> int:
+        """Channels of every level's state: the value stream after GQA heads are repeated."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def level_bands(self) -> list[list[float]]:
+        """The timescale band each level is initialised in (all equal when hierarchy is off)."""
+        if self.hierarchy:
+            return self.timescale_bands
+        lo = min(band[0] for band in self.timescale_bands)
+        hi = max(band[1] for band in self.timescale_bands)
+        return [[lo, hi] for _ in self.timescale_bands]
+
+    def _validate_hallamonic(self) -> None:
+        def positive_int(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"HallamonicConfig: `{name}` must be a positive integer, got {value!r}")
+
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "gate_rank", "predictor_rank", "output_gate_rank",
+        ):
+            positive_int(name)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"HallamonicConfig: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
+            raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
+        if len(self.timescale_bands) < 1:
+            raise ValueError("HallamonicConfig: `timescale_bands` needs at least one [tau_min, tau_max] band")
+        for i, (lo, hi) in enumerate(self.timescale_bands):
+            if not (1.0 <= lo <= hi) or hi != hi or hi == float("inf"):
+                raise ValueError(
+                    f"HallamonicConfig: timescale band {i} must satisfy 1 <= tau_min <= tau_max < inf, got [{lo}, {hi}]"
+                )
+        if not (isinstance(self.rms_norm_eps, float) and self.rms_norm_eps > 0):
+            raise ValueError(f"HallamonicConfig: `rms_norm_eps` must be a positive float, got {self.rms_norm_eps!r}")

@@ -1,0 +1,451 @@
+"""Hallamonic: a Llama decoder whose every attention layer is a HarmonicBlock.
+
+A HarmonicBlock is attention-free. It reads a value stream v (the replaced attention's ``v_proj``
+with GQA heads repeated) and runs three diagonal recurrences, fast to slow:
+
+    h_l(t) = a_l(t) * h_l(t-1) + (1 - a_l(t)) * u_l(t),     log a_l(t) = -softplus(gate_l(u_l(t)))
+
+* u_1 = v; u_{l+1} = RMSNorm(e_l) with the prediction error e_l = h_{l-1} - P_l(h_l) (h_0 = v):
+  higher levels integrate what lower ones failed to predict.
+* Each level's gate bias starts its channels' time constants tau = -1/log(a) log-uniformly over
+  its own band (default [1,16], [16,256], [256,4096] tokens).
+* ``(1 - a) * u`` makes every state a leaky average: bounded at any length, no positions anywhere.
+* Output: o_proj(h_1 + h_2 + h_3), optionally gated.
+
+Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
+one (batch, levels, channels) fp32 state per layer in a linear-attention cache.
+
+This file is the remote code shipped inside every checkpoint: it imports only torch, transformers,
+the standard library and its siblings, and does no I/O.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from .configuration_hallamonic import HallamonicConfig
+from .hallamonic_scan import scan, scan_step
+
+
+# --------------------------------------------------------------------------------------------
+# Small building blocks
+# --------------------------------------------------------------------------------------------
+class HallamonicRMSNorm(nn.Module):
+    """Llama's RMSNorm (computed in fp32), so teacher norms copy over unchanged."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.float()
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class HallamonicMLP(nn.Module):
+    """Llama's SwiGLU MLP with Llama's parameter names (copied, frozen, from the teacher)."""
+
+    def __init__(self, config: HallamonicConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ZeroInitLinear(nn.Linear):
+    """A Linear initialised to zero, so a low-rank branch starts as an exact no-op."""
+
+
+class TimescaleLinear(nn.Linear):
+    """The up-projection of a decay gate; its bias sets the level's initial time constants.
+
+    softplus(bias_c) = 1 / tau_c with tau_c log-uniform in [tau_min, tau_max], spread over the
+    channels of every head (so each head sees every timescale), gives a_c = exp(-1/tau_c).
+    """
+
+    def __init__(self, rank: int, width: int, band: list[float], head_dim: int):
+        super().__init__(rank, width, bias=True)
+        self.band = (float(band[0]), float(band[1]))
+        self.head_dim = head_dim
+
+    def timescales(self) -> torch.Tensor:
+        lo, hi = self.band
+        position = torch.arange(self.out_features, dtype=torch.float64) % self.head_dim  # (D,)
+        fraction = position / max(self.head_dim - 1, 1)
+        return lo * (hi / lo) ** fraction  # (D,) tokens
+
+    def timescale_bias(self) -> torch.Tensor:
+        rate = 1.0 / self.timescales()  # softplus(bias) = 1/tau
+        return torch.log(torch.expm1(rate)).float()  # inverse softplus
+
+
+class LowRank(nn.Module):
+    """x -> up(down(x)): a rank-r linear map whose up-projection starts at zero."""
+
+    def __init__(self, in_features: int, rank: int, out_features: int):
+        super().__init__()
+        self.down = nn.Linear(in_features, rank, bias=False)
+        self.up = ZeroInitLinear(rank, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+
+class DecayGate(nn.Module):
+    """log a(t) = -softplus(up(down(u(t)))+bias) in fp32: in bf16, a = 0.999 would round to 1."""
+
+    def __init__(self, width: int, rank: int, band: list[float], head_dim: int):
+        super().__init__()
+        self.down = nn.Linear(width, rank, bias=False)
+        self.up = TimescaleLinear(rank, width, band, head_dim)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        z = F.linear(self.down(u).float(), self.up.weight.float(), self.up.bias.float())  # (B, L, D)
+        return -F.softplus(z)
+
+
+# --------------------------------------------------------------------------------------------
+# The HarmonicBlock
+# --------------------------------------------------------------------------------------------
+class HarmonicBlock(nn.Module):
+    """Attention-free hierarchical mixer; see the module docstring for the equations."""
+
+    def __init__(self, config: HallamonicConfig, layer_idx: int = 0):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_levels = len(config.level_bands)
+        self.error_signal = config.error_signal
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.kv_groups = config.num_attention_heads // config.num_key_value_heads
+        width = config.state_width
+
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * config.head_dim, bias=config.value_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.output_bias)
+        self.gates = nn.ModuleList(
+            DecayGate(width, config.gate_rank, band, config.head_dim) for band in config.level_bands
+        )
+        self.predictors = nn.ModuleList(  # P_l maps h_l to a prediction of h_{l-1}
+            LowRank(width, config.predictor_rank, width) for _ in range(self.num_levels - 1)
+        )
+        self.error_norms = nn.ModuleList(
+            HallamonicRMSNorm(width, config.rms_norm_eps) for _ in range(self.num_levels - 1)
+        )
+        self.output_gate = (
+            LowRank(config.hidden_size, config.output_gate_rank, width) if config.output_gate else None
+        )
+
+    def value_stream(self, x: torch.Tensor) -> torch.Tensor:
+        """v_proj with GQA heads repeated exactly as Llama's repeat_kv does."""
+        batch, length, _ = x.shape
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, 1, self.head_dim)  # (B, L, Hkv, 1, d)
+        v = v.expand(batch, length, self.num_kv_heads, self.kv_groups, self.head_dim)  # (B, L, Hkv, G, d)
+        return v.reshape(batch, length, -1)  # (B, L, D)
+
+    @staticmethod
+    def _recur(a: torch.Tensor, b: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        if a.shape[1] == 1:  # one generated token: a single fused step, no scan machinery
+            prev = state if state is not None else torch.zeros_like(b[:, 0])
+            return scan_step(a[:, 0], b[:, 0], prev).unsqueeze(1)
+        return scan(a, b, state)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        Args:
+            x: (B, L, hidden) the normalised residual stream.
+            state: (B, levels, D) fp32 states before x, or None for zeros.
+            mask: (B, L) bool, False at padding: there the state neither decays nor takes input.
+        Returns:
+            y: (B, L, hidden) and the new state (B, levels, D) fp32.
+        """
+        below = self.value_stream(x)  # h_0 = v: (B, L, D)
+        level_input = below
+        total = None
+        finals = []
+        for level, gate in enumerate(self.gates):
+            log_a = gate(level_input)  # (B, L, D) fp32
+            a = log_a.exp()
+            b = -torch.expm1(log_a) * level_input.float()  # (1 - a) * u, exact for a near 1
+            if mask is not None:
+                keep = mask.unsqueeze(-1)  # (B, L, 1)
+                a = torch.where(keep, a, torch.ones_like(a))
+                b = torch.where(keep, b, torch.zeros_like(b))
+            h = self._recur(a, b, state[:, level] if state is not None else None)  # (B, L, D) fp32
+            finals.append(h[:, -1])
+            total = h if total is None else total + h
+            if level + 1 < self.num_levels:
+                h_low = h.to(x.dtype)
+                signal = below - self.predictors[level](h_low) if self.error_signal else h_low
+                below, level_input = h_low, self.error_norms[level](signal)
+        mixed = total.to(x.dtype)  # (B, L, D)
+        if self.output_gate is not None:
+            mixed = mixed * (2.0 * torch.sigmoid(self.output_gate(x)))
+        return self.o_proj(mixed), torch.stack(finals, dim=1)
+
+    # ---- initialisation from the attention this block replaces ----------------------------
+    @torch.no_grad()
+    def init_from_attention(self, attention: nn.Module) -> None:
+        """Copy v_proj and o_proj from a Llama/Mistral/Qwen2 attention module (GQA kept as is:
+        the value stream repeats kv heads at run time exactly like ``repeat_kv``)."""
+        for name in ("v_proj", "o_proj"):
+            source, target = getattr(attention, name), getattr(self, name)
+            if source.weight.shape != target.weight.shape:
+                raise ValueError(
+                    f"init_from_attention: {name} has shape {tuple(source.weight.shape)}, "
+                    f"the HarmonicBlock expects {tuple(target.weight.shape)}"
+                )
+            target.weight.copy_(source.weight)
+            if target.bias is not None:
+                if source.bias is None:
+                    target.bias.zero_()
+                else:
+                    target.bias.copy_(source.bias)
+
+
+# --------------------------------------------------------------------------------------------
+# Decoder layer and models
+# --------------------------------------------------------------------------------------------
+class HallamonicDecoderLayer(GradientCheckpointingLayer):
+    """Llama's pre-norm layer with the attention replaced by a HarmonicBlock named ``mixer``."""
+
+    def __init__(self, config: HallamonicConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = HallamonicRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mixer = HarmonicBlock(config, layer_idx)
+        self.post_attention_layernorm = HallamonicRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = HallamonicMLP(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        state: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        mixed, new_state = self.mixer(self.input_layernorm(hidden_states), state, mask)
+        hidden_states = hidden_states + mixed
+        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states, new_state
+
+
+class HallamonicPreTrainedModel(PreTrainedModel):
+    config_class = HallamonicConfig
+    config: HallamonicConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HallamonicDecoderLayer"]
+    _supports_sdpa = False
+    _is_stateful = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, TimescaleLinear):
+            init.zeros_(module.weight)  # gates start data-independent, at their band's timescales
+            init.copy_(module.bias, module.timescale_bias())
+        elif isinstance(module, ZeroInitLinear):
+            init.zeros_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, HallamonicRMSNorm):
+            init.ones_(module.weight)
+
+
+class HallamonicModel(HallamonicPreTrainedModel):
+    def __init__(self, config: HallamonicConfig):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(HallamonicDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = HallamonicRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.embed_tokens = value
+
+    @staticmethod
+    def _read_states(cache: Cache | None, num_layers: int) -> list[torch.Tensor | None]:
+        if cache is None:
+            return [None] * num_layers
+        states = []
+        for i in range(num_layers):
+            layer = cache.layers[i]
+            initialized = getattr(layer, "is_recurrent_states_initialized", {}).get(0, False)
+            states.append(layer.recurrent_states[0] if initialized else None)
+        return states
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        chunk_size: int | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """Run the stack; with a ``cache`` the recurrent states continue from where it left off.
+
+        ``chunk_size`` (default ``config.forward_chunk_size``; 0 = whole input at once) processes
+        the input in chunks of that many tokens through all layers, carrying the states, so that
+        activation memory is bounded by the chunk, not the length. Results equal the one-shot pass.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("HallamonicModel: pass exactly one of `input_ids` or `inputs_embeds`")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)  # (B, L, H)
+        length = inputs_embeds.shape[1]
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        output_hidden_states = bool(output_hidden_states)
+
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2:
+                raise ValueError("HallamonicModel: `attention_mask` must be 2-D (batch, length) with 1 = token, 0 = padding")
+            mask = attention_mask[:, -length:].bool()  # generate() passes the whole history
+            if bool(mask.all()):
+                mask = None
+
+        states = self._read_states(cache, len(self.layers))
+        chunk = chunk_size if chunk_size is not None else self.config.forward_chunk_size
+        chunk = chunk if chunk and chunk > 0 else length
+        outputs, all_hidden = [], []
+        for start in range(0, length, chunk):
+            hidden = inputs_embeds[:, start : start + chunk]
+            chunk_mask = mask[:, start : start + chunk] if mask is not None else None
+            layer_hidden = [hidden] if output_hidden_states else None
+            for i, layer in enumerate(self.layers):
+                hidden, states[i] = layer(hidden, states[i], chunk_mask)
+                if output_hidden_states:
+                    layer_hidden.append(hidden)
+            outputs.append(self.norm(hidden))
+            if output_hidden_states:
+                all_hidden.append(layer_hidden)
+        last_hidden = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H)
+
+        if use_cache:
+            for i, state in enumerate(states):
+                cache.update_recurrent_state(state, i)
+                cache.layers[i].has_previous_state[0] = True
+        hidden_states = None
+        if output_hidden_states:
+            hidden_states = tuple(
+                torch.cat([chunk_states[j] for chunk_states in all_hidden], dim=1)
+                for j in range(len(self.layers) + 1)
+            )
+        return BaseModelOutputWithPast(
+            last_hidden_state=last_hidden, cache=cache if use_cache else None, hidden_states=hidden_states
+        )
+
+
+class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: HallamonicConfig):
+        super().__init__(config)
+        self.model = HallamonicModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int = 0,
+        chunk_size: int | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Next-token logits (and the shifted cross-entropy when ``labels`` are given; -100 ignored).
+
+        ``logits_to_keep=k`` computes logits for the last k positions only (0 = all): at 64K tokens
+        full-vocabulary logits would dwarf the model's own activations.
+        """
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            cache=cache,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            chunk_size=chunk_size,
+        )
+        hidden = outputs.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)  # (B, L', V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                labels[:, -logits.shape[1] :][:, 1:].reshape(-1),
+                ignore_index=-100,
+            )
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states
+        )
+
+
+HallamonicConfig.register_for_auto_class()
+HallamonicModel.register_for_auto_class("AutoModel")
+HallamonicForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+__all__ = [
+    "HallamonicConfig",
+    "HallamonicForCausalLM",
+    "HallamonicModel",
+    "HallamonicPreTrainedModel",
+    "HarmonicBlock",
+]

@@ -1,0 +1,96 @@
+"""A tiny, fully local teacher: random Llama + a real BPE tokenizer trained on local text.
+
+Used by the `tiny` recipe (a complete conversion in seconds on any machine, no network, no data
+file) and by the tests. The text is the standard library's own docstrings: real English prose
+that every Python installation carries, so nothing is downloaded or shipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from functools import lru_cache
+
+import torch
+
+# Modules with long, plain-English docstrings; all ship with CPython.
+_CORPUS_MODULES = (
+    "abc", "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib",
+    "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "email", "enum", "fractions",
+    "functools", "heapq", "hmac", "html", "http", "inspect", "io", "itertools", "json", "logging",
+    "math", "operator", "os", "pathlib", "pickle", "pprint", "queue", "random", "re", "shutil",
+    "socket", "statistics", "string", "struct", "subprocess", "tarfile", "tempfile", "textwrap",
+    "threading", "timeit", "typing", "unittest", "urllib", "uuid", "warnings", "weakref", "zipfile",
+)
+
+
+@lru_cache(maxsize=1)
+def stdlib_corpus() -> tuple[str, ...]:
+    """Docstrings of standard-library modules and their public members, one document each."""
+    documents = []
+    for name in _CORPUS_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # pragma: no cover - a trimmed Python build
+            continue
+        for obj in [module, *(getattr(module, attr) for attr in sorted(dir(module)) if not attr.startswith("_"))]:
+            doc = inspect.getdoc(obj) if (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj)) else None
+            if doc and len(doc) > 200 and doc not in documents:
+                documents.append(doc)
+    return tuple(documents)
+
+
+def build_tiny_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained on :func:`stdlib_corpus`, as a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(stdlib_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+
+
+def build_tiny_llama(
+    vocab_size: int,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 256,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+):
+    """A randomly initialised LlamaForCausalLM (GQA, tied embeddings, short RoPE window)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()

@@ -1,0 +1,234 @@
+"""The Hallamonic HF model: equivalences between forward paths, generation, caching, ablations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM, HarmonicBlock
+
+
+def tiny_config(**overrides) -> HallamonicConfig:
+    values = dict(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=1, pad_token_id=0,
+    )
+    values.update(overrides)
+    return HallamonicConfig(**values)
+
+
+def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
+    """A tiny model whose mixers matter: random perturbations of every weight, mixers scaled up.
+
+    A freshly initialised tiny model with tied embeddings mostly predicts from the current token,
+    so tests of state handling would pass even with a broken state. Perturbing the zero-initialised
+    branches and scaling the mixers makes the recurrent state drive the logits.
+    """
+    torch.manual_seed(seed)
+    model = HallamonicForCausalLM(tiny_config(**overrides)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".mixer." in name and not name.endswith("up.bias"):  # keep the timescales
+                param.add_(torch.randn_like(param) * 0.3)
+            if "mixer.o_proj" in name or "mixer.v_proj" in name:
+                param.mul_(4.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> HallamonicForCausalLM:
+    return stateful_model()
+
+
+def test_state_drives_the_logits(model):
+    """Sanity of the fixture itself: the same last token after different histories differs."""
+    ids_a = torch.tensor([[5, 6, 7, 8, 9, 10, 42]])
+    ids_b = torch.tensor([[70, 71, 72, 73, 74, 75, 42]])
+    with torch.no_grad():
+        la, lb = model(ids_a).logits[0, -1], model(ids_b).logits[0, -1]
+    assert (la - lb).abs().max() > 1e-2
+
+
+def test_chunked_forward_equals_full_forward(model):
+    ids = torch.randint(0, 97, (2, 53))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        for chunk in (1, 7, 16, 64):
+            chunked = model(ids, use_cache=False, chunk_size=chunk).logits
+            torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_then_steps_equals_full_forward(model):
+    ids = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        out = model(ids[:, :25], use_cache=True)
+        cache, per_step = out.cache, [out.logits]
+        for t in range(25, 40):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            per_step.append(out.logits)
+    torch.testing.assert_close(torch.cat(per_step, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_generate_equals_argmax_loop(model):
+    prompt = torch.tensor([[3, 14, 15, 9, 26]])
+    with torch.no_grad():
+        generated = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ids = prompt
+        for _ in range(12):
+            next_id = model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, next_id], dim=1)
+    assert torch.equal(generated, ids)
+
+
+def test_left_padded_batch_equals_unpadded_rows(model):
+    rows = [torch.tensor([5, 8, 13, 21, 34, 55, 89 % 97]), torch.tensor([2, 7, 1, 8])]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = row
+        mask[i, width - len(row) :] = 1
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask, use_cache=False).logits
+        gen_batched = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+        for i, row in enumerate(rows):
+            alone = model(row[None], use_cache=False).logits[0]
+            torch.testing.assert_close(batched[i, width - len(row) :], alone, atol=1e-5, rtol=1e-5)
+            gen_alone = model.generate(row[None], max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+            assert torch.equal(gen_batched[i, width:], gen_alone[0, len(row) :])
+
+
+def test_beam_search_scores_match_full_forward(model):
+    prompt = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.no_grad():
+        out = model.generate(
+            prompt, max_new_tokens=5, num_beams=3, do_sample=False, eos_token_id=None, pad_token_id=0,
+            length_penalty=0.0, output_scores=True, return_dict_in_generate=True,
+        )
+        best = out.sequences[0:1]
+        logprobs = model(best, use_cache=False).logits.log_softmax(-1)[0, :-1]  # (T-1, V)
+        targets = best[0, 1:]
+        new = slice(prompt.shape[1] - 1, best.shape[1] - 1)
+        expected = logprobs[new].gather(-1, targets[new, None]).sum()
+    assert math.isclose(out.sequences_scores[0].item(), expected.item(), abs_tol=1e-3)
+
+
+def test_sampling_runs_and_respects_seed(model):
+    prompt = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        torch.manual_seed(7)
+        a = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=20, eos_token_id=None, pad_token_id=0)
+        torch.manual_seed(7)
+        b = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=20, eos_token_id=None, pad_token_id=0)
+    assert a.shape == (1, 11) and torch.equal(a, b)
+
+
+def test_cache_size_is_constant_in_generated_length(model):
+    def cache_bytes(n_new: int) -> int:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([[1, 2, 3]]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                eos_token_id=None, pad_token_id=0, return_dict_in_generate=True,
+            )
+        cache = out.cache
+        assert out.sequences.shape[1] == 3 + n_new
+        return sum(t.numel() * t.element_size() for layer in cache.layers for t in layer.recurrent_states.values() if t is not None)
+
+    short, long = cache_bytes(10), cache_bytes(2000)
+    expected = 2 * 3 * 32 * 4  # layers * levels * channels (4 heads x 8) * fp32 bytes, batch 1
+    assert short == long == expected
+
+
+def test_gradients_flow_through_every_mixer_parameter():
+    model = stateful_model().train()
+    ids = torch.randint(0, 97, (2, 30))
+    model(ids, labels=ids).loss.backward()
+    for name, param in model.named_parameters():
+        if ".mixer." in name:
+            assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("flag", [{"hierarchy": False}, {"error_signal": False}, {"output_gate": True}])
+def test_ablation_flags_change_the_computation(flag):
+    ids = torch.randint(0, 97, (1, 40))
+    base, ablated = stateful_model(seed=3), stateful_model(seed=3, **flag)
+    ablated.load_state_dict(base.state_dict(), strict=False)  # identical shared weights
+    if flag.get("output_gate"):
+        with torch.no_grad():
+            for layer in ablated.model.layers:
+                layer.mixer.output_gate.up.weight.normal_()
+    if "hierarchy" in flag:  # the gate biases are the hierarchy: re-initialise them for the ablation
+        for layer in ablated.model.layers:
+            for gate in layer.mixer.gates:
+                gate.up.bias.data.copy_(gate.up.timescale_bias())
+    with torch.no_grad():
+        assert (base(ids).logits - ablated(ids).logits).abs().max() > 1e-3
+
+
+def test_timescales_spread_over_each_levels_band():
+    config = tiny_config()
+    block = HallamonicForCausalLM(config).model.layers[0].mixer
+    for gate, (lo, hi) in zip(block.gates, config.level_bands):
+        tau = -1.0 / (-torch.nn.functional.softplus(gate.up.bias.double()))  # tau = -1/log a
+        assert tau.min().item() == pytest.approx(lo, rel=1e-3)
+        assert tau.max().item() == pytest.approx(hi, rel=1e-3)
+    flat = HallamonicConfig(**{**tiny_config().to_dict(), "hierarchy": False})
+    assert all(band == [1.0, 4096.0] for band in flat.level_bands)
+
+
+def test_value_stream_repeats_kv_heads_like_llama():
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    block = HarmonicBlock(tiny_config())
+    x = torch.randn(2, 5, 32)
+    v = block.v_proj(x).view(2, 5, 2, 8).transpose(1, 2)  # (B, Hkv, L, d)
+    expected = repeat_kv(v, 2).transpose(1, 2).reshape(2, 5, 32)
+    torch.testing.assert_close(block.value_stream(x), expected)
+
+
+def test_parameter_count_matches_the_attention_it_replaces():
+    """At TinyLlama's widths (hidden 2048, 32 heads, 4 KV heads) the block stays within +-25%."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    llama = LlamaConfig(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, intermediate_size=5632)
+    attention = sum(p.numel() for p in LlamaAttention(llama, 0).parameters())
+    config = HallamonicConfig(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, intermediate_size=5632)
+    harmonic = sum(p.numel() for p in HarmonicBlock(config).parameters())
+    print(f"attention {attention:,} parameters, HarmonicBlock {harmonic:,} ({harmonic / attention:.3f}x)")
+    assert 0.75 <= harmonic / attention <= 1.25
+
+
+def test_init_from_attention_copies_value_and_output_maps():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    attention = LlamaAttention(LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2), 0)
+    block = HarmonicBlock(tiny_config())
+    block.init_from_attention(attention)
+    assert torch.equal(block.v_proj.weight, attention.v_proj.weight)
+    assert torch.equal(block.o_proj.weight, attention.o_proj.weight)
+    wrong = LlamaAttention(LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=4), 0)
+    with pytest.raises(ValueError, match="v_proj"):
+        block.init_from_attention(wrong)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"hidden_size": 0}, {"num_key_value_heads": 3}, {"timescale_bands": [[0.5, 4.0]]}, {"forward_chunk_size": -1}]
+)
+def test_invalid_config_values_are_rejected(bad):
+    with pytest.raises(ValueError, match="HallamonicConfig"):
+        tiny_config(**bad)
+
+
+def test_long_sequence_is_finite_in_fp32_and_bf16():
+    model = stateful_model()
+    ids = torch.randint(0, 97, (1, 8192))
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = model.to(dtype)(ids, use_cache=False, chunk_size=2048, logits_to_keep=16).logits
+            assert logits.shape == (1, 16, 97) and torch.isfinite(logits.float()).all()
