@@ -17,6 +17,16 @@ app = typer.Typer(
 )
 
 # Command groups (one line each; keep this list short and flat).
+from hallamonic.bench.scan import app as bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench", help="Benchmarks of the pieces (scan kernels vs memory-bound floors).")
+from hallamonic.convert.cli import convert_command, recipes_app  # noqa: E402
+
+app.command("convert")(convert_command)
+app.add_typer(recipes_app, name="recipes")
+from hallamonic.evaluation.cli import eval_command  # noqa: E402
+
+app.command("eval", help="Evaluate a model and its fair baselines: LAMBADA, loss by context length, passkey.")(eval_command)
 
 
 def main() -> None:  # pragma: no cover - console entry point

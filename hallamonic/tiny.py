@@ -94,3 +94,16 @@ def build_tiny_llama(
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
+
+
+BUILTIN_TEACHER = "builtin:tiny-llama"
+BUILTIN_DATASET = "builtin:stdlib-docs"
+
+
+def load_builtin_teacher(spec: str, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) for ``builtin:tiny-llama``: a random tiny Llama with the local tokenizer."""
+    if spec != BUILTIN_TEACHER:
+        raise ValueError(f"unknown built-in model {spec!r}; the only one is {BUILTIN_TEACHER!r}")
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_llama(len(tokenizer)).to(dtype)
+    return model, tokenizer

@@ -1,0 +1,88 @@
+"""The two fine-tuning objectives.
+
+Phase 1 (attention transfer): the frozen teacher runs once; for every layer, the student's
+HarmonicBlock gets the exact input the teacher's attention got and regresses that attention's
+output. Layers train side by side from one teacher pass, so errors cannot compound.
+
+Phase 2 (end-to-end): the student runs alone on next-token prediction, optionally pulled toward
+the teacher's distribution (KL) where the teacher is inside its positional window.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MixerStack(nn.Module):
+    """The student's mixers as one module: phase 1 is one forward and one backward (one DDP unit)."""
+
+    def __init__(self, mixers: list[nn.Module], normalize: bool = True):
+        super().__init__()
+        self.mixers = nn.ModuleList(mixers)
+        self.normalize = normalize
+
+    def forward(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor:
+        """Per-layer regression losses, shape (layers,)."""
+        losses = []
+        for mixer, x, y in zip(self.mixers, inputs, targets):
+            prediction, _ = mixer(x)  # (B, L, H)
+            error = (prediction.float() - y.float()).pow(2).mean()
+            if self.normalize:  # fraction of the attention output's energy left unexplained
+                error = error / y.float().pow(2).mean().clamp_min(1e-8)
+            losses.append(error)
+        return torch.stack(losses)
+
+
+@torch.no_grad()
+def capture_attention_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run the teacher once; return every layer's attention input (post-norm) and output."""
+    inputs: list[torch.Tensor | None] = [None] * len(teacher.model.layers)
+    outputs: list[torch.Tensor | None] = [None] * len(teacher.model.layers)
+    handles = []
+    for index, layer in enumerate(teacher.model.layers):
+
+        def hook(module, args, kwargs, output, index=index):
+            inputs[index] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            outputs[index] = output[0] if isinstance(output, tuple) else output
+
+        handles.append(layer.self_attn.register_forward_hook(hook, with_kwargs=True))
+    try:
+        teacher(input_ids=input_ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return inputs, outputs  # type: ignore[return-value]
+
+
+def phase1_loss(teacher: nn.Module):
+    """Loss function of phase 1 for the trainer: mean normalised MSE over layers."""
+
+    def loss_fn(stack: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        inputs, targets = capture_attention_io(teacher, batch)
+        return stack(inputs, targets).mean()
+
+    return loss_fn
+
+
+def phase2_loss(teacher: nn.Module | None, kl_weight: float, teacher_window: int | None, chunk_size: int = 0):
+    """Loss function of phase 2: next-token cross-entropy (+ kl_weight * KL(teacher || student)
+    over the positions the teacher can see within its window)."""
+
+    def loss_fn(student: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        out = student(input_ids=batch, labels=batch, use_cache=False, chunk_size=chunk_size or None)
+        loss = out.loss
+        if kl_weight > 0 and teacher is not None:
+            n = min(batch.shape[1], teacher_window or batch.shape[1])
+            with torch.no_grad():
+                teacher_logp = teacher(input_ids=batch[:, :n], use_cache=False).logits.float().log_softmax(-1)
+            student_logp = out.logits[:, :n].float().log_softmax(-1)
+            vocab = student_logp.shape[-1]
+            kl = F.kl_div(
+                student_logp.reshape(-1, vocab), teacher_logp.reshape(-1, vocab), log_target=True, reduction="batchmean"
+            )
+            loss = loss + kl_weight * kl
+        return loss
+
+    return loss_fn

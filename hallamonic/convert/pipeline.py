@@ -1,0 +1,354 @@
+"""`hallamonic convert`: surgery -> phase 1 -> phase 2 -> export, resumable at every step.
+
+Layout of an output folder (it is itself a loadable Hugging Face checkpoint):
+
+    config.json, model.safetensors, *_hallamonic.py, hallamonic_scan*.py, tokenizer files,
+    generation_config.json, README.md (model card)
+    training/recipe.yaml           the resolved recipe
+    training/metrics.jsonl         one line per logged step
+    training/loss.png              loss curves of both phases
+    training/checkpoints/phaseN/   atomic step checkpoints (trainable weights + optimizer)
+    training/report.json           parameter counts, tokens, wall time, held-out results
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from hallamonic.convert.checkpoint import latest_checkpoint, load_checkpoint
+from hallamonic.convert.data import DataError, PackedBatches, is_heldout, iter_documents, tokenize_stream
+from hallamonic.convert.phases import MixerStack, phase1_loss, phase2_loss
+from hallamonic.convert.recipe import Recipe, recipe_to_yaml
+from hallamonic.convert.surgery import build_student, calibrate_error_norms, parameter_counts
+from hallamonic.convert.trainer import MetricsLog, PhaseResult, run_phase
+from hallamonic.tiny import load_builtin_teacher
+
+PHASES = ("surgery", "phase1", "phase2")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class OutputDirError(ValueError):
+    """The output folder exists and neither --overwrite nor --resume was given."""
+
+
+def prepare_output_dir(path: Path, *, overwrite: bool, resume: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"output path {path} exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
+        raise OutputDirError(f"output folder {path} already exists and is not empty; pass --resume to continue it or --overwrite to replace it")
+    if overwrite and path.is_dir():
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def parse_phases(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return PHASES
+    phases = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown or not phases:
+        raise ValueError(f"--phases: unknown phase(s) {unknown or text!r}; choose from {', '.join(PHASES)}")
+    return phases
+
+
+def _make_accelerator(recipe: Recipe):
+    from accelerate import Accelerator
+
+    precision = recipe.train.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() else "no"
+    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
+
+
+def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) for a hub id, a folder, a .gguf file, or ``builtin:tiny-llama``."""
+    if spec.startswith("builtin:"):
+        return load_builtin_teacher(spec, dtype)
+    from hallamonic.loading import load_causal_lm
+
+    return load_causal_lm(spec, dtype=dtype)
+
+
+def _tokens_needed(recipe: Recipe, world: int) -> int:
+    needs = [
+        phase.steps * phase.batch_size * recipe.train.grad_accum * world * phase.seq_len
+        for phase in (recipe.phase1, recipe.phase2)
+    ]
+    longest = max(recipe.phase1.seq_len, recipe.phase2.seq_len)
+    return max(max(needs), longest) + longest
+
+
+def _load_tokens(recipe: Recipe, tokenizer, out: Path, world: int) -> "object":
+    """The packed training stream, tokenized once and cached in the output folder (int32 .npy)."""
+    import numpy as np
+
+    cache = out / "training" / "tokens.npy"
+    if cache.is_file():
+        return np.load(cache, allow_pickle=False)
+    tokens = tokenize_stream(tokenizer, recipe.data, seed=recipe.seed, max_tokens=_tokens_needed(recipe, world))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp.npy")
+    np.save(tmp, tokens)
+    tmp.replace(cache)
+    return tokens
+
+
+def _heldout_texts(recipe: Recipe, max_chars: int) -> list[str]:
+    texts, total = [], 0
+    for index, document in enumerate(iter_documents(recipe.data)):
+        if is_heldout(index, recipe.seed, recipe.data.heldout_fraction):
+            texts.append(document)
+            total += len(document)
+            if total >= max_chars:
+                break
+    return texts
+
+
+def _phase_checkpoints(out: Path, phase: str) -> Path:
+    return out / "training" / "checkpoints" / phase
+
+
+def _restore_finished_phase(student, out: Path, phase: str) -> bool:
+    """Load a phase's final weights into the student if that phase completed earlier."""
+    latest = latest_checkpoint(_phase_checkpoints(out, phase))
+    if latest is None:
+        return False
+    weights, info = load_checkpoint(latest)
+    if not info.get("complete"):
+        return False
+    params = dict(student.named_parameters())
+    with torch.no_grad():
+        for key, value in weights.items():
+            params[key].copy_(value)
+    return True
+
+
+def convert(
+    recipe: Recipe,
+    output_dir: str | Path,
+    *,
+    phases: tuple[str, ...] = PHASES,
+    resume: bool = False,
+    overwrite: bool = False,
+    load_teacher=None,
+) -> dict:
+    """Run a conversion end to end and write a loadable checkpoint to ``output_dir``.
+
+    ``load_teacher(spec, dtype)`` -> (model, tokenizer) can replace the default loader (tests).
+    Returns the report that is also written to ``training/report.json``.
+    """
+    out = Path(output_dir)
+    accelerator = _make_accelerator(recipe)
+    if accelerator.is_main_process:
+        prepare_output_dir(out, overwrite=overwrite, resume=resume)
+        (out / "training").mkdir(parents=True, exist_ok=True)
+        (out / "training" / "recipe.yaml").write_text(recipe_to_yaml(recipe))
+    accelerator.wait_for_everyone()
+    began = time.perf_counter()
+
+    teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
+    teacher.eval().requires_grad_(False)
+    teacher.to(accelerator.device)
+
+    tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes)
+    student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
+    if recipe.harmonic.calibrate_norms:
+        sample = PackedBatches(tokens, recipe.phase1.seq_len, seed=recipe.seed).sequences[:2].to(accelerator.device)
+        calibrate_error_norms(student, teacher, sample)
+    counts = parameter_counts(teacher, student)
+    accelerator.print(
+        f"teacher {counts['teacher']:,} parameters -> student {counts['student']:,} "
+        f"({counts['student_trainable']:,} trainable in the HarmonicBlocks)"
+    )
+    log = MetricsLog(out / "training" / "metrics.jsonl", enabled=accelerator.is_main_process)
+    trainable = {name: p for name, p in student.named_parameters() if p.requires_grad}
+    results: list[PhaseResult] = []
+
+    if "phase1" in phases and recipe.phase1.steps > 0:
+        stack = MixerStack([layer.mixer for layer in student.model.layers], normalize=recipe.phase1.normalize)
+        results.append(
+            run_phase(
+                name="phase1", accelerator=accelerator, module=stack, trainable=trainable,
+                loss_fn=phase1_loss(teacher),
+                batches=PackedBatches(tokens, recipe.phase1.seq_len, seed=recipe.seed),
+                section=recipe.phase1, train=recipe.train, checkpointing=recipe.checkpoint,
+                checkpoint_root=_phase_checkpoints(out, "phase1"), log=log, resume=resume,
+            )
+        )
+    elif "phase2" in phases:
+        _restore_finished_phase(student, out, "phase1")
+
+    if "phase2" in phases and recipe.phase2.steps > 0:
+        results.append(_run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume))
+
+    report = {
+        "recipe": recipe.name,
+        "base_model": recipe.base.model,
+        "parameters": counts,
+        "phases": [asdict(r) for r in results],
+        "wall_seconds": time.perf_counter() - began,
+        "hardware": _hardware(accelerator),
+        "processes": accelerator.num_processes,
+    }
+    if accelerator.is_main_process:
+        student.eval()
+        report["heldout"] = _evaluate_for_card(recipe, teacher, student, tokenizer)
+        export(student, tokenizer, teacher, out, recipe, report)
+        _plot_losses(out / "training" / "metrics.jsonl", out / "training" / "loss.png")
+    accelerator.wait_for_everyone()
+    return report
+
+
+def _run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
+    section = recipe.phase2
+    model = student
+    if section.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=section.lora_rank, lora_alpha=section.lora_alpha, target_modules=["gate_proj", "up_proj", "down_proj"])
+        model = get_peft_model(student, lora)
+        for name, param in model.named_parameters():  # peft freezes everything else: re-open the mixers
+            if ".mixer." in name:
+                param.requires_grad_(True)
+    if section.gradient_checkpointing:
+        student.gradient_checkpointing_enable()
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    window = getattr(teacher.config, "max_position_embeddings", None)
+    result = run_phase(
+        name="phase2", accelerator=accelerator, module=model, trainable=trainable,
+        loss_fn=phase2_loss(teacher, section.kl_weight, window, section.chunk_size),
+        batches=PackedBatches(tokens, section.seq_len, seed=recipe.seed + 1),
+        section=section, train=recipe.train, checkpointing=recipe.checkpoint,
+        checkpoint_root=_phase_checkpoints(out, "phase2"), log=log, resume=resume,
+    )
+    if section.gradient_checkpointing:
+        student.gradient_checkpointing_disable()
+    if section.lora_rank > 0:
+        model.merge_and_unload()  # LoRA deltas folded into the MLP weights
+    return result
+
+
+def _hardware(accelerator) -> str:
+    if torch.cuda.is_available():
+        return f"{accelerator.num_processes} x {torch.cuda.get_device_name(0)}"
+    return f"{accelerator.num_processes} process(es) on CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _evaluate_for_card(recipe: Recipe, teacher, student, tokenizer) -> dict:
+    """Held-out bits/token of teacher and student at the recipe's lengths (for the model card)."""
+    if recipe.eval.max_windows == 0 or recipe.data.heldout_fraction == 0:
+        return {}
+    from hallamonic.evaluation.context import evaluate_context
+
+    longest = max(recipe.eval.context_lengths)
+    texts = _heldout_texts(recipe, max_chars=longest * recipe.eval.max_windows * 6)
+    if not texts:
+        return {}
+    results = {}
+    for name, model in (("teacher", teacher), ("converted", student)):
+        result = evaluate_context(
+            model, tokenizer, texts, recipe.eval.context_lengths, limit=recipe.eval.max_windows, progress=False
+        )
+        results[name] = {"bits_per_token": result["bits_per_token"], "tokens": result["tokens"], "not_run": result["not_run"]}
+    return results
+
+
+def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict) -> None:
+    """Write the loadable checkpoint: weights, remote code, tokenizer, generation config, card."""
+    student.config.base_model_name_or_path = recipe.base.model
+    student.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    generation = getattr(teacher, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(out)
+    (out / "training" / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "README.md").write_text(model_card(recipe, report))
+
+
+def model_card(recipe: Recipe, report: dict) -> str:
+    counts = report["parameters"]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [hallamonic, state-space-model, linearized-attention]",
+        f"base_model: {recipe.base.model}",
+        "---",
+        "",
+        f"# Hallamonic conversion of `{recipe.base.model}`",
+        "",
+        "Every attention layer was replaced by a HarmonicBlock (three-level hierarchical diagonal state-space "
+        "mixer, no attention, no positional encoding); FFNs, embeddings and LM head are the teacher's, frozen. "
+        "Load with `AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`.",
+        "",
+        "## Conversion",
+        "",
+        f"- Recipe: `{recipe.name}` (resolved copy in `training/recipe.yaml`), seed {recipe.seed}",
+        f"- Data: `{recipe.data.path or recipe.data.dataset}` (held-out fraction {recipe.data.heldout_fraction})",
+        f"- Parameters: teacher {counts['teacher']:,}, converted {counts['student']:,} "
+        f"({counts['student_trainable']:,} trained)",
+        f"- Hardware: {report['hardware']}; wall time {report['wall_seconds'] / 60:.1f} min",
+        "",
+        "| phase | steps | tokens | seq len | wall time | final loss |",
+        "|---|---|---|---|---|---|",
+    ]
+    for phase in report["phases"]:
+        section = getattr(recipe, phase["name"])
+        loss = f"{phase['final_loss']:.4f}" if phase["final_loss"] is not None else "-"
+        lines.append(
+            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {section.seq_len} | {phase['seconds'] / 60:.1f} min | {loss} |"
+        )
+    heldout = report.get("heldout") or {}
+    if heldout:
+        lengths = sorted({int(k) for r in heldout.values() for k in r["bits_per_token"]})
+        lines += [
+            "",
+            "## Held-out bits per token (measured at the end of the conversion)",
+            "",
+            "| model | " + " | ".join(f"ctx {n}" for n in lengths) + " |",
+            "|---|" + "---|" * len(lengths),
+        ]
+        for name, result in heldout.items():
+            cells = [f"{result['bits_per_token'][str(n)]:.3f}" if str(n) in result["bits_per_token"] else "n/a" for n in lengths]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["", f"Held-out documents of the training source; tokens scored: {heldout.get('converted', {}).get('tokens')}."]
+    lines += ["", "Phase 1 loss is the per-layer MSE to the teacher's attention output divided by its mean square.", ""]
+    return "\n".join(lines)
+
+
+def _plot_losses(metrics: Path, png: Path) -> None:
+    if not metrics.is_file():
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, dict[int, float]] = {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("loss") is not None:
+            series.setdefault(record["phase"], {})[record["step"]] = record["loss"]  # last write wins on resume
+    if not series:
+        return
+    fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.5), squeeze=False)
+    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase2": "next-token loss (nats)"}
+    for ax, (phase, points) in zip(axes[0], sorted(series.items())):
+        steps = sorted(points)
+        ax.plot(steps, [points[s] for s in steps], marker=".")
+        ax.set_title(phase)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(labels.get(phase, "loss"))
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["DataError", "OutputDirError", "convert", "export", "parse_phases", "prepare_output_dir"]

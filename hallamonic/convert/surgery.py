@@ -1,0 +1,134 @@
+"""Surgery: a Hallamonic student with the teacher's widths, weights and a HarmonicBlock per layer.
+
+Everything but attention is copied bit for bit (embeddings, norms, MLPs, LM head) and frozen;
+each HarmonicBlock starts from its layer's attention (v_proj, o_proj) and is the only thing that
+trains (plus optional LoRA adapters in phase 2).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hallamonic.convert.recipe import HarmonicSection
+from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
+
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+class UnsupportedModelError(ValueError):
+    """The base model's architecture cannot be converted."""
+
+
+def check_supported(teacher: nn.Module) -> None:
+    model_type = getattr(teacher.config, "model_type", None)
+    if model_type not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"cannot convert a `{model_type}` model: supported families are "
+            f"{', '.join(SUPPORTED_FAMILIES)} (Llama, TinyLlama, SmolLM2, Llama 2/3, Mistral, Qwen2)"
+        )
+
+
+def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str | None = None) -> HallamonicConfig:
+    """The Hallamonic config that mirrors ``teacher``'s widths and vocabulary."""
+    check_supported(teacher)
+    tc = teacher.config
+    attention_bias = bool(getattr(tc, "attention_bias", False))
+    qwen2 = tc.model_type == "qwen2"
+    return HallamonicConfig(
+        vocab_size=tc.vocab_size,
+        hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size,
+        num_hidden_layers=tc.num_hidden_layers,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        hidden_act=tc.hidden_act,
+        rms_norm_eps=float(tc.rms_norm_eps),
+        mlp_bias=bool(getattr(tc, "mlp_bias", False)),
+        value_bias=True if qwen2 else attention_bias,
+        output_bias=False if qwen2 else attention_bias,
+        timescale_bands=harmonic.timescale_bands,
+        hierarchy=harmonic.hierarchy,
+        error_signal=harmonic.error_signal,
+        gate_rank=harmonic.gate_rank,
+        predictor_rank=harmonic.predictor_rank,
+        output_gate=harmonic.output_gate,
+        output_gate_rank=harmonic.output_gate_rank,
+        tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
+        bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id,
+        pad_token_id=tc.pad_token_id,
+        base_model_name_or_path=base_spec,
+        teacher_max_position_embeddings=getattr(tc, "max_position_embeddings", None),
+    )
+
+
+def is_carried_over(name: str) -> bool:
+    """Student parameters that come from the teacher unchanged (everything outside the mixers)."""
+    return ".mixer." not in name
+
+
+@torch.no_grad()
+def build_student(
+    teacher: nn.Module, harmonic: HarmonicSection, *, seed: int = 0, base_spec: str | None = None
+) -> HallamonicForCausalLM:
+    """The student: teacher weights copied exactly, mixers initialised (from attention by default),
+    everything but the mixers frozen."""
+    config = student_config(teacher, harmonic, base_spec)
+    torch.manual_seed(seed)
+    student = HallamonicForCausalLM(config)
+    dtype = next(teacher.parameters()).dtype
+    student.to(dtype)
+
+    teacher_state = teacher.state_dict()
+    for name, param in student.named_parameters():
+        if not is_carried_over(name):
+            continue
+        if name not in teacher_state:
+            raise UnsupportedModelError(f"the teacher has no tensor `{name}` to copy into the student")
+        source = teacher_state[name]
+        if source.shape != param.shape:
+            raise UnsupportedModelError(f"`{name}`: teacher shape {tuple(source.shape)} != student {tuple(param.shape)}")
+        param.copy_(source)
+    if config.tie_word_embeddings:
+        student.tie_weights()
+
+    if harmonic.init_from_attention:
+        for student_layer, teacher_layer in zip(student.model.layers, teacher.model.layers):
+            student_layer.mixer.init_from_attention(teacher_layer.self_attn)
+
+    for name, param in student.named_parameters():
+        param.requires_grad_(not is_carried_over(name))
+    return student
+
+
+def parameter_counts(teacher: nn.Module, student: nn.Module) -> dict[str, int]:
+    unique = lambda model: sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())  # noqa: E731
+    return {
+        "teacher": unique(teacher),
+        "student": unique(student),
+        "student_trainable": sum(p.numel() for p in student.parameters() if p.requires_grad),
+    }
+
+
+@torch.no_grad()
+def calibrate_error_norms(student: HallamonicForCausalLM, teacher: nn.Module, input_ids: torch.Tensor) -> list[float]:
+    """Scale each level's input norm to the RMS of its layer's value stream on real text.
+
+    Levels above the first read RMS-normalised prediction errors (RMS 1 x weight). With the weight
+    left at 1, slow levels would start orders of magnitude louder than the value stream the first
+    level integrates, and o_proj (copied from the teacher) would see inputs far off its scale.
+    Matching the scales makes the initial block a sum of three leaky averages of v-sized signals.
+    """
+    from hallamonic.convert.phases import capture_attention_io
+
+    inputs, _ = capture_attention_io(teacher, input_ids)
+    scales = []
+    for layer, x in zip(student.model.layers, inputs):
+        v = layer.mixer.value_stream(x.to(layer.mixer.v_proj.weight.dtype))  # (B, L, D)
+        rms = v.float().pow(2).mean().sqrt().item()
+        for norm in layer.mixer.error_norms:
+            norm.weight.fill_(rms)
+        scales.append(rms)
+    return scales

@@ -1,0 +1,162 @@
+"""One training loop for both phases: accelerate, accumulation, clipping, schedule, NaN guard,
+atomic checkpoints, exact resume, JSONL metrics and a progress bar.
+
+The loop is phase-agnostic: a phase supplies the module to train (already holding the student's
+trainable parameters), a loss function of (module, batch) and its batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from hallamonic.convert.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hallamonic.convert.data import PackedBatches
+from hallamonic.convert.recipe import CheckpointSection, PhaseSection, TrainSection
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss or gradient stopped training; the last good checkpoint is untouched."""
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    steps: int
+    tokens: int
+    seconds: float
+    final_loss: float | None
+    resumed_from: int = 0
+
+
+def learning_rate(step: int, section: PhaseSection) -> float:
+    """Linear warm-up, then cosine / linear decay to ``min_lr_ratio * lr`` (or constant)."""
+    if section.warmup_steps and step < section.warmup_steps:
+        return section.lr * (step + 1) / section.warmup_steps
+    if section.schedule == "constant":
+        return section.lr
+    span = max(section.steps - section.warmup_steps, 1)
+    progress = min((step - section.warmup_steps) / span, 1.0)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if section.schedule == "cosine" else 1 - progress
+    return section.lr * (section.min_lr_ratio + (1 - section.min_lr_ratio) * shape)
+
+
+class MetricsLog:
+    """Append-only JSONL metrics (main process only)."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path = path
+        self.enabled = enabled
+        if enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, **record) -> None:
+        if self.enabled:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+
+def run_phase(
+    *,
+    name: str,
+    accelerator,
+    module: nn.Module,
+    trainable: dict[str, nn.Parameter],
+    loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+    batches: PackedBatches,
+    section: PhaseSection,
+    train: TrainSection,
+    checkpointing: CheckpointSection,
+    checkpoint_root: Path,
+    log: MetricsLog,
+    resume: bool,
+) -> PhaseResult:
+    """Train ``trainable`` (student parameters, by name) for ``section.steps`` optimizer steps."""
+    params = list(trainable.values())
+    optimizer = torch.optim.AdamW(params, lr=section.lr, betas=(0.9, 0.95), weight_decay=train.weight_decay)
+    start = 0
+    latest = latest_checkpoint(checkpoint_root) if resume else None
+    if latest is not None:
+        weights, info = load_checkpoint(latest, optimizer)
+        with torch.no_grad():
+            for key, value in weights.items():
+                trainable[key].copy_(value)
+        start = info["step"]
+        accelerator.print(f"[{name}] resuming from {latest} (step {start}/{section.steps})")
+    tokens_per_step = section.batch_size * train.grad_accum * accelerator.num_processes * section.seq_len
+    if start >= section.steps:
+        return PhaseResult(name, section.steps, section.steps * tokens_per_step, 0.0, None, resumed_from=start)
+
+    module, optimizer = accelerator.prepare(module, optimizer)
+    module.train()
+    bar = tqdm(
+        total=section.steps, initial=start, desc=name, unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True
+    )
+    began = time.perf_counter()
+    loss_value = None
+    for step in range(start, section.steps):
+        step_began = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, section)
+        total = torch.zeros((), device=accelerator.device)
+        for micro in range(train.grad_accum):
+            batch = batches.batch(
+                step, micro, section.batch_size, train.grad_accum, accelerator.process_index, accelerator.num_processes
+            ).to(accelerator.device)
+            sync = micro == train.grad_accum - 1
+            with (contextlib.nullcontext() if sync else accelerator.no_sync(module)), accelerator.autocast():
+                loss = loss_fn(module, batch)
+                accelerator.backward(loss / train.grad_accum)
+            total += loss.detach().float() / train.grad_accum
+        mean_loss = accelerator.reduce(total, reduction="mean")
+        if train.max_grad_norm > 0:
+            grad_norm = accelerator.clip_grad_norm_(params, train.max_grad_norm)
+        else:
+            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        grad_norm = torch.as_tensor(grad_norm, dtype=torch.float32)
+        if not (torch.isfinite(mean_loss) and torch.isfinite(grad_norm)):
+            where = f"[{name}] step {step + 1}: loss {mean_loss.item()} / gradient norm {grad_norm.item()} is not finite"
+            good = latest_checkpoint(checkpoint_root)
+            if train.on_nan == "stop":
+                bar.close()
+                raise TrainingDiverged(
+                    f"{where}; training stopped (train.on_nan=stop). Last good checkpoint: {good or 'none yet'}"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.print(f"{where}; step skipped (train.on_nan=skip)")
+            log.write(phase=name, step=step + 1, skipped=True, loss=None)
+            continue
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        loss_value = mean_loss.item()
+        elapsed = time.perf_counter() - step_began
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / elapsed:,.0f}")
+        if (step + 1) % max(train.log_every, 1) == 0 or step == start or step + 1 == section.steps:
+            log.write(
+                phase=name, step=step + 1, loss=loss_value, lr=learning_rate(step, section),
+                grad_norm=grad_norm.item(), tokens=(step + 1) * tokens_per_step,
+                tokens_per_s=tokens_per_step / elapsed, time=time.time(),
+            )
+        last = step + 1 == section.steps
+        if last or (checkpointing.every and (step + 1) % checkpointing.every == 0):
+            if accelerator.is_main_process:
+                save_checkpoint(
+                    checkpoint_root, step + 1, {k: v.detach() for k, v in trainable.items()},
+                    getattr(optimizer, "optimizer", optimizer),
+                    {"phase": name, "loss": loss_value, "complete": last}, keep=checkpointing.keep,
+                )
+            accelerator.wait_for_everyone()
+    bar.close()
+    seconds = time.perf_counter() - began
+    return PhaseResult(name, section.steps, section.steps * tokens_per_step, seconds, loss_value, resumed_from=start)
