@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from functools import lru_cache
 
 import torch
@@ -28,15 +29,19 @@ _CORPUS_MODULES = (
 def stdlib_corpus() -> tuple[str, ...]:
     """Docstrings of standard-library modules and their public members, one document each."""
     documents = []
-    for name in _CORPUS_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # pragma: no cover - a trimmed Python build
-            continue
-        for obj in [module, *(getattr(module, attr) for attr in sorted(dir(module)) if not attr.startswith("_"))]:
-            doc = inspect.getdoc(obj) if (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj)) else None
-            if doc and len(doc) > 200 and doc not in documents:
-                documents.append(doc)
+    with warnings.catch_warnings():  # some public names are deprecated aliases (typing.io, ...)
+        warnings.simplefilter("ignore")
+        for name in _CORPUS_MODULES:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:  # pragma: no cover - a trimmed Python build
+                continue
+            members = [getattr(module, attr) for attr in sorted(dir(module)) if not attr.startswith("_")]
+            for obj in [module, *members]:
+                documented = inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj)
+                doc = inspect.getdoc(obj) if documented else None
+                if doc and len(doc) > 200 and doc not in documents:
+                    documents.append(doc)
     return tuple(documents)
 
 

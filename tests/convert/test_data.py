@@ -1,0 +1,75 @@
+"""Training data: sources, held-out split, packing and deterministic batches."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hallamonic.convert.data import DataError, PackedBatches, is_heldout, iter_documents, tokenize_stream
+from hallamonic.convert.recipe import DataSection
+from hallamonic.tiny import build_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def test_local_sources_yield_documents(tmp_path):
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in range(3)) + "\n")
+    (tmp_path / "b.txt").write_text("first paragraph\n\nsecond paragraph\n")
+    assert list(iter_documents(DataSection(path=str(tmp_path / "a.jsonl")))) == ["doc 0", "doc 1", "doc 2"]
+    assert list(iter_documents(DataSection(path=str(tmp_path / "b.txt")))) == ["first paragraph", "second paragraph\n"]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": ["x y", "z"]}), tmp_path / "c.parquet")
+    assert list(iter_documents(DataSection(path=str(tmp_path / "c.parquet"), text_field="content"))) == ["x y", "z"]
+
+
+def test_bad_sources_name_the_file(tmp_path):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"body": "no text field"}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl:1: no `text` field"):
+        list(iter_documents(DataSection(path=str(tmp_path / "bad.jsonl"))))
+    with pytest.raises(DataError, match="does not exist"):
+        list(iter_documents(DataSection(path=str(tmp_path / "missing.jsonl"))))
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unsupported data file type"):
+        list(iter_documents(DataSection(path=str(tmp_path / "x.csv"))))
+
+
+def test_heldout_documents_never_reach_the_training_stream(tmp_path, tokenizer):
+    docs = [f"document number {i} " + "word " * (i % 7) for i in range(200)]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    section = DataSection(path=str(tmp_path / "d.jsonl"), heldout_fraction=0.1)
+    held = [i for i in range(200) if is_heldout(i, 0, 0.1)]
+    assert 5 < len(held) < 40
+    train = tokenize_stream(tokenizer, section, seed=0, max_tokens=10**6)
+    test = tokenize_stream(tokenizer, section, seed=0, max_tokens=10**6, heldout=True)
+    text_train = tokenizer.decode(train.tolist())
+    text_test = tokenizer.decode(test.tolist())
+    for i in range(200):
+        marker = f"document number {i} "
+        assert (marker in text_test) == (i in held)
+        assert (marker in text_train) == (i not in held)
+    assert (train == tokenizer.eos_token_id).sum() == 200 - len(held)  # one separator per document
+
+
+def test_batches_are_deterministic_and_cover_an_epoch():
+    tokens = np.arange(10 * 8, dtype=np.int32)
+    batches = PackedBatches(tokens, 8, seed=3)
+    seen = torch.cat([batches.batch(step, 0, 2, 1) for step in range(5)])  # 5 steps x 2 = one epoch
+    assert sorted(seen[:, 0].tolist()) == list(range(0, 80, 8))
+    again = PackedBatches(tokens, 8, seed=3)
+    assert torch.equal(batches.batch(7, 0, 2, 1), again.batch(7, 0, 2, 1))
+    # two processes split a step's rows without overlap
+    rank0, rank1 = batches.batch(0, 0, 2, 1, rank=0, world=2), batches.batch(0, 0, 2, 1, rank=1, world=2)
+    assert not set(rank0[:, 0].tolist()) & set(rank1[:, 0].tolist())
+
+
+def test_too_little_data_is_a_clear_error():
+    with pytest.raises(DataError, match="fewer than one sequence of 64"):
+        PackedBatches(np.arange(10, dtype=np.int32), 64, seed=0)

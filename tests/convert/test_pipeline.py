@@ -1,0 +1,162 @@
+"""`hallamonic convert` end to end on the tiny recipe: export, resume, NaN guard, output folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import hallamonic.convert.pipeline as pipeline
+from hallamonic.convert.checkpoint import list_checkpoints
+from hallamonic.convert.pipeline import OutputDirError, convert
+from hallamonic.convert.recipe import load_recipe
+from hallamonic.convert.trainer import TrainingDiverged
+
+FAST = ["phase1.steps=4", "phase2.steps=3", "checkpoint.every=2", "eval.max_windows=1", "eval.context_lengths=[128]"]
+CLEAN_LOADER = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+    class NoHallamonic(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "hallamonic" or name.startswith("hallamonic."):
+                raise ImportError("hallamonic is deliberately unavailable")
+    sys.meta_path.insert(0, NoHallamonic())
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = sys.argv[1]
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+    ids = tok("Return the number of items", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=5, do_sample=False)
+    print(json.dumps({"logits": model(ids).logits[0, -1, :8].tolist(), "generated": out.shape[1] - ids.shape[1]}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("tiny") / "out"
+    report = convert(load_recipe("tiny", FAST), out)
+    return out, report
+
+
+def test_export_is_a_complete_checkpoint(converted):
+    out, report = converted
+    names = {p.name for p in out.iterdir()}
+    for required in ("config.json", "model.safetensors", "modeling_hallamonic.py", "configuration_hallamonic.py",
+                     "hallamonic_scan.py", "tokenizer.json", "generation_config.json", "README.md"):
+        assert required in names, required
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_hallamonic.HallamonicForCausalLM"
+    assert config["base_model_name_or_path"] == "builtin:tiny-llama"
+    card = (out / "README.md").read_text()
+    assert "phase1" in card and "Held-out bits per token" in card
+    assert (out / "training" / "loss.png").stat().st_size > 1000
+    assert [p["name"] for p in report["phases"]] == ["phase1", "phase2"]
+    assert report["heldout"]["converted"]["bits_per_token"]["128"] > 0
+
+
+def test_checkpoint_loads_and_generates_without_the_package(converted):
+    out, _ = converted
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", CLEAN_LOADER, str(out)], capture_output=True, text=True, env=env, timeout=300, check=True)
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    ids = tok("Return the number of items", return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = model(ids).logits[0, -1, :8]
+    torch.testing.assert_close(torch.tensor(loaded["logits"]), expected, atol=1e-5, rtol=1e-5)
+    assert loaded["generated"] == 5
+
+
+def test_frozen_tensors_are_bit_identical_after_training(converted):
+    out, _ = converted
+    teacher, _ = pipeline.load_base_model("builtin:tiny-llama")
+    student = load_file(out / "model.safetensors")
+    for name, tensor in teacher.state_dict().items():
+        if ".self_attn." in name or name not in student:
+            continue
+        assert torch.equal(student[name], tensor), name
+    trained = [k for k in student if ".mixer." in k and "gates" in k and "up.weight" in k]
+    assert trained and any(student[k].abs().sum() > 0 for k in trained)  # the mixers did train (zero-initialised)
+
+
+def test_resume_after_a_crash_reaches_the_same_weights(converted, tmp_path, monkeypatch):
+    reference, _ = converted
+    real = pipeline.phase2_loss
+    calls = {"n": 0}
+
+    def crashing(*args, **kwargs):
+        inner = real(*args, **kwargs)
+
+        def loss_fn(module, batch):
+            calls["n"] += 1
+            if calls["n"] == 3:  # phase 2, third step: after the step-2 checkpoint
+                raise KeyboardInterrupt
+            return inner(module, batch)
+
+        return loss_fn
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(pipeline, "phase2_loss", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        convert(load_recipe("tiny", FAST), out)
+    assert [p.name for p in list_checkpoints(out / "training" / "checkpoints" / "phase2")] == ["step-000002"]
+    monkeypatch.setattr(pipeline, "phase2_loss", real)
+    convert(load_recipe("tiny", FAST), out, resume=True)
+    a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    real = pipeline.phase1_loss
+
+    def poisoned(teacher):
+        inner, step = real(teacher), {"n": 0}
+
+        def loss_fn(module, batch):
+            step["n"] += 1
+            loss = inner(module, batch)
+            return loss * float("nan") if step["n"] == 3 else loss
+
+        return loss_fn
+
+    monkeypatch.setattr(pipeline, "phase1_loss", poisoned)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingDiverged, match=r"\[phase1\] step 3: loss nan .* not finite; training stopped.*step-000002"):
+        convert(load_recipe("tiny", FAST), out)
+    kept = list_checkpoints(out / "training" / "checkpoints" / "phase1")
+    assert [p.name for p in kept] == ["step-000002"]
+    weights = load_file(kept[0] / "weights.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_existing_output_folder_is_refused(converted):
+    out, _ = converted
+    with pytest.raises(OutputDirError, match="already exists"):
+        convert(load_recipe("tiny", FAST), out)
+
+
+def test_cli_runs_with_two_processes(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "hallamonic.cli", "convert", "tiny",
+           "-o", str(out)] + [a for kv in FAST for a in ("--set", kv)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((out / "training" / "report.json").read_text())
+    assert report["processes"] == 2
+    assert report["phases"][0]["tokens"] == 4 * 4 * 2 * 128  # steps x batch x processes x seq_len
+    assert (out / "model.safetensors").is_file()

@@ -1,0 +1,75 @@
+"""Recipes: bundled files load, every key is documented, bad keys and values are named."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from hallamonic.convert.recipe import RecipeError, bundled_recipes, load_recipe
+
+REQUIRED_KEYS = ("base.model", "data.path", "phase1.steps", "phase2.steps", "checkpoint.every", "seed")
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2-135m", "tinyllama-1.1b"])
+def test_bundled_recipe_loads_and_has_the_documented_keys(name):
+    assert name in bundled_recipes()
+    recipe = load_recipe(name)
+    flat = yaml.safe_load(bundled_recipes()[name].read_text())
+    for key in REQUIRED_KEYS:
+        node = flat
+        for part in key.split("."):
+            assert part in node, f"{name}: missing {key}"
+            node = node[part]
+    assert recipe.name == name
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2-135m", "tinyllama-1.1b"])
+def test_every_recipe_key_is_commented(name):
+    for line in bundled_recipes()[name].read_text().splitlines():
+        if re.match(r"^\s*[a-z_0-9]+:\s*\S", line) and not line.strip().startswith("#"):
+            assert "#" in line, f"{name}: undocumented line {line!r}"
+
+
+def test_set_overrides_values_with_yaml_types():
+    recipe = load_recipe("tiny", ["phase1.steps=3", "data.path=corpus.jsonl", "harmonic.output_gate=true", "phase1.lr=0.01"])
+    assert recipe.phase1.steps == 3 and recipe.data.path == "corpus.jsonl"
+    assert recipe.harmonic.output_gate is True and recipe.phase1.lr == 0.01
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("phase1.stesp=3", r"unknown recipe key `phase1.stesp` \(did you mean `phase1.steps`\?\)"),
+        ("phase1.steps=three", r"`phase1.steps` must be an integer"),
+        ("phase1.steps=-1", r"`phase1.steps` must be >= 0"),
+        ("phase2.seq_len=0", r"`phase2.seq_len` must be > 0"),
+        ("train.on_nan=ignore", r"`train.on_nan` must be one of"),
+        ("harmonic.hierarchy=maybe", r"`harmonic.hierarchy` must be true or false"),
+        ("eval.context_lengths=[1024, -5]", r"`eval.context_lengths` must be positive integers"),
+        ("phase1.steps", r"--set expects key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(RecipeError, match=message):
+        load_recipe("tiny", [override])
+
+
+def test_unknown_key_in_a_file_is_rejected(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("seed: 1\nphase1:\n  stpes: 4\n")
+    with pytest.raises(RecipeError, match=r"unknown recipe key `phase1.stpes` \(did you mean `phase1.steps`\?\)"):
+        load_recipe(str(path))
+
+
+def test_unknown_recipe_name_suggests_the_closest():
+    with pytest.raises(RecipeError, match="did you mean `tiny`"):
+        load_recipe("tiyn")
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("seed: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(str(path))
