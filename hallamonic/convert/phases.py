@@ -49,7 +49,7 @@ def capture_attention_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[l
 
         handles.append(layer.self_attn.register_forward_hook(hook, with_kwargs=True))
     try:
-        teacher(input_ids=input_ids, use_cache=False)
+        teacher.model(input_ids=input_ids, use_cache=False)  # the decoder only: no LM-head logits needed
     finally:
         for handle in handles:
             handle.remove()
