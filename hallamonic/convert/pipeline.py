@@ -26,7 +26,7 @@ from hallamonic.convert.checkpoint import latest_checkpoint, load_checkpoint
 from hallamonic.convert.data import DataError, PackedBatches, is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.phases import MixerStack, phase1_loss, phase2_loss
 from hallamonic.convert.recipe import Recipe, recipe_to_yaml
-from hallamonic.convert.surgery import build_student, calibrate_error_norms, parameter_counts
+from hallamonic.convert.surgery import build_student, calibrate_blocks, parameter_counts
 from hallamonic.convert.trainer import MetricsLog, PhaseResult, run_phase
 from hallamonic.tiny import load_builtin_teacher
 
@@ -161,7 +161,9 @@ def convert(
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
     if recipe.harmonic.calibrate_norms:
         sample = PackedBatches(tokens, recipe.phase1.seq_len, seed=recipe.seed).sequences[:2].to(accelerator.device)
-        calibrate_error_norms(student, teacher, sample)
+        stats = calibrate_blocks(student, teacher, sample)
+        mean_error = sum(s["normalised_mse"] for s in stats) / len(stats)
+        accelerator.print(f"calibrated {len(stats)} HarmonicBlocks on real text: normalised MSE to attention {mean_error:.3f}")
     counts = parameter_counts(teacher, student)
     accelerator.print(
         f"teacher {counts['teacher']:,} parameters -> student {counts['student']:,} "

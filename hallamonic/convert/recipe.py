@@ -40,7 +40,7 @@ class HarmonicSection:
     output_gate: bool = False
     output_gate_rank: int | None = None
     init_from_attention: bool = True  # v_proj / o_proj from the teacher's attention
-    calibrate_norms: bool = True  # scale level-input norms to the value stream's RMS on real text
+    calibrate_norms: bool = True  # fit level-input norms and the output scale on real text
 
 
 @dataclass

@@ -113,22 +113,34 @@ def parameter_counts(teacher: nn.Module, student: nn.Module) -> dict[str, int]:
 
 
 @torch.no_grad()
-def calibrate_error_norms(student: HallamonicForCausalLM, teacher: nn.Module, input_ids: torch.Tensor) -> list[float]:
-    """Scale each level's input norm to the RMS of its layer's value stream on real text.
+def calibrate_blocks(student: HallamonicForCausalLM, teacher: nn.Module, input_ids: torch.Tensor) -> list[dict[str, float]]:
+    """Data-dependent initialisation of every HarmonicBlock on a sample of real text.
 
-    Levels above the first read RMS-normalised prediction errors (RMS 1 x weight). With the weight
-    left at 1, slow levels would start orders of magnitude louder than the value stream the first
-    level integrates, and o_proj (copied from the teacher) would see inputs far off its scale.
-    Matching the scales makes the initial block a sum of three leaky averages of v-sized signals.
+    1. Level-input norms: levels above the first read RMS-normalised prediction errors (RMS 1 x
+       weight). With the weight left at 1, slow levels start orders of magnitude louder than the
+       value stream the first level integrates; the weight is set to the value stream's RMS.
+    2. Output scale: a leaky average of v is much louder than the teacher's attention output
+       (heads park most of their weight on sink tokens whose values are small), so o_proj is
+       scaled by the least-squares factor s = <m, y> / <m, m> between the block's output m and the
+       attention output y. Phase 1 then starts no worse than predicting zeros.
+    Returns per layer the value RMS, the output scale and the normalised MSE after calibration.
     """
     from hallamonic.convert.phases import capture_attention_io
 
-    inputs, _ = capture_attention_io(teacher, input_ids)
-    scales = []
-    for layer, x in zip(student.model.layers, inputs):
-        v = layer.mixer.value_stream(x.to(layer.mixer.v_proj.weight.dtype))  # (B, L, D)
-        rms = v.float().pow(2).mean().sqrt().item()
-        for norm in layer.mixer.error_norms:
+    inputs, targets = capture_attention_io(teacher, input_ids)
+    stats = []
+    for layer, x, y in zip(student.model.layers, inputs, targets):
+        mixer = layer.mixer
+        x = x.to(mixer.v_proj.weight.dtype)
+        rms = mixer.value_stream(x).float().pow(2).mean().sqrt().item()
+        for norm in mixer.error_norms:
             norm.weight.fill_(rms)
-        scales.append(rms)
-    return scales
+        m = mixer(x)[0].float()
+        y = y.float()
+        scale = (m * y).sum().item() / max((m * m).sum().item(), 1e-12)
+        mixer.o_proj.weight.mul_(scale)
+        if mixer.o_proj.bias is not None:
+            mixer.o_proj.bias.mul_(scale)
+        error = (m * scale - y).pow(2).mean().item() / max(y.pow(2).mean().item(), 1e-12)
+        stats.append({"value_rms": rms, "output_scale": scale, "normalised_mse": error})
+    return stats

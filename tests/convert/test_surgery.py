@@ -7,7 +7,7 @@ import torch
 
 from hallamonic.convert.recipe import HarmonicSection
 from hallamonic.convert.surgery import (
-    UnsupportedModelError, build_student, calibrate_error_norms, is_carried_over, parameter_counts,
+    UnsupportedModelError, build_student, calibrate_blocks, is_carried_over, parameter_counts,
 )
 from hallamonic.tiny import build_tiny_llama
 
@@ -62,12 +62,19 @@ def test_unsupported_family_names_what_is_supported():
         build_student(teacher, HarmonicSection())
 
 
-def test_calibration_matches_level_inputs_to_the_value_stream():
+def test_calibration_matches_scales_and_beats_predicting_zeros():
+    from hallamonic.convert.phases import MixerStack, capture_attention_io
+
     teacher = build_tiny_llama(300)
     student = build_student(teacher, HarmonicSection())
     ids = torch.randint(0, 300, (2, 32))
-    scales = calibrate_error_norms(student, teacher, ids)
-    assert len(scales) == 2 and all(s > 0 for s in scales)
-    for layer, scale in zip(student.model.layers, scales):
+    stats = calibrate_blocks(student, teacher, ids)
+    assert len(stats) == 2
+    for layer, stat in zip(student.model.layers, stats):
         for norm in layer.mixer.error_norms:
-            assert torch.allclose(norm.weight, torch.full_like(norm.weight, scale))
+            assert torch.allclose(norm.weight, torch.full_like(norm.weight, stat["value_rms"]))
+    inputs, targets = capture_attention_io(teacher, ids)
+    with torch.no_grad():
+        losses = MixerStack([layer.mixer for layer in student.model.layers])(inputs, targets)
+    assert (losses <= 1.0 + 1e-4).all()  # never worse than an all-zero output
+    torch.testing.assert_close(losses, torch.tensor([s["normalised_mse"] for s in stats]), atol=1e-4, rtol=1e-4)
