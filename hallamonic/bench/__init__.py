@@ -1,0 +1,1 @@
+"""Benchmarks of the pieces: ``hallamonic bench ...`` (library functions plus thin CLI wrappers)."""
