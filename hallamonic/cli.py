@@ -20,9 +20,6 @@ app = typer.Typer(
 from hallamonic.bench.scan import app as bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench", help="Benchmarks of the pieces (scan kernels vs memory-bound floors).")
-from hallamonic.bench.scan import app as bench_app  # noqa: E402
-
-app.add_typer(bench_app, name="bench", help="Benchmarks of the pieces (scan kernels vs memory-bound floors).")
 from hallamonic.convert.cli import convert_command, recipes_app  # noqa: E402
 
 app.command("convert")(convert_command)
