@@ -1,0 +1,69 @@
+"""Real-model end to end: the offline SmolLM2-135M GGUF through surgery, both phases and export.
+
+Deliberately small (a few hundred tokens of training) so that it runs in CI; the quality run with
+the full `smollm2-135m` recipe is reported in the model card and the closing notes, not asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+FINEWEB = SHARED / "fineweb_train.jsonl"
+HELDOUT = SHARED / "fineweb_edu_head_heldout.txt"
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    pytest.importorskip("gguf")
+    from hallamonic.loading import smollm2_gguf_path
+
+    try:
+        return smollm2_gguf_path()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+
+
+def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
+    if not FINEWEB.is_file():
+        pytest.skip(f"{FINEWEB} not found (../shared/data beside the checkout)")
+    from transformers import AutoModelForCausalLM
+
+    from hallamonic.convert.pipeline import convert, load_base_model
+    from hallamonic.convert.recipe import load_recipe
+
+    out = tmp_path / "smollm2"
+    recipe = load_recipe(
+        "smollm2-135m",
+        [f"base.model={gguf}", f"data.path={FINEWEB}", "data.max_documents=200", "phase1.steps=2",
+         "phase1.seq_len=128", "phase1.batch_size=1", "phase2.steps=1", "phase2.seq_len=128",
+         "checkpoint.every=0", "eval.max_windows=0"],
+    )
+    report = convert(recipe, out)
+    assert report["parameters"]["teacher"] == 134_515_008
+    assert 0.75 < report["parameters"]["student"] / report["parameters"]["teacher"] < 1.25
+
+    teacher, tokenizer = load_base_model(str(gguf))
+    exported = load_file(out / "model.safetensors")
+    for name, tensor in teacher.state_dict().items():  # frozen weights are the teacher's, bit for bit
+        if ".self_attn." not in name and name in exported:
+            assert torch.equal(exported[name], tensor), name
+
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    text = HELDOUT.read_text()[:4000] if HELDOUT.is_file() else "The history of science is the study of the development of science."
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :256]
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss.item()
+    bits = loss / math.log(2)
+    chance = math.log2(model.config.vocab_size)
+    print(f"converted SmolLM2 after a few hundred training tokens: {bits:.2f} bits/token (uniform: {chance:.2f})")
+    assert bits < chance - 3  # the carried-over MLPs and embeddings already make it far better than chance
+    card = (out / "README.md").read_text()
+    assert str(gguf) in card and "phase1" in card
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 30
