@@ -289,6 +289,9 @@ except ImportError:  # e.g. the bare GPU machine: use ``python -m hallamonic.ben
 
 if typer is not None:
     app = typer.Typer(help="Benchmarks of the model's pieces.", no_args_is_help=True)
+    from hallamonic.bench.model import model_command  # noqa: E402
+
+    app.command("model", help="Decode latency, memory and prefill time vs context: Hallamonic vs Llama.")(model_command)
 
     @app.command("scan")
     def scan_command(

@@ -38,11 +38,16 @@ class OutputDirError(ValueError):
     """The output folder exists and neither --overwrite nor --resume was given."""
 
 
-def prepare_output_dir(path: Path, *, overwrite: bool, resume: bool) -> None:
+def check_output_dir(path: Path, *, overwrite: bool, resume: bool) -> None:
+    """Refuse to touch an existing, non-empty output folder unless told to resume or overwrite."""
     if path.exists() and not path.is_dir():
         raise OutputDirError(f"output path {path} exists and is not a folder")
     if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
         raise OutputDirError(f"output folder {path} already exists and is not empty; pass --resume to continue it or --overwrite to replace it")
+
+
+def prepare_output_dir(path: Path, *, overwrite: bool, resume: bool) -> None:
+    check_output_dir(path, overwrite=overwrite, resume=resume)
     if overwrite and path.is_dir():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -85,19 +90,26 @@ def _tokens_needed(recipe: Recipe, world: int) -> int:
     return max(max(needs), longest) + longest
 
 
-def _load_tokens(recipe: Recipe, tokenizer, out: Path, world: int) -> "object":
-    """The packed training stream, tokenized once and cached in the output folder (int32 .npy)."""
+def _load_tokens(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool):
+    """The training token stream: the cached copy of an interrupted run, or a fresh tokenization."""
+    import numpy as np
+
+    cache = out / "training" / "tokens.npy"
+    if resume and cache.is_file():
+        return np.load(cache, allow_pickle=False)
+    return tokenize_stream(tokenizer, recipe.data, seed=recipe.seed, max_tokens=_tokens_needed(recipe, world))
+
+
+def _save_tokens(tokens, out: Path) -> None:
+    """Cache the token stream (int32 .npy, written then renamed) so --resume needs no re-tokenizing."""
     import numpy as np
 
     cache = out / "training" / "tokens.npy"
     if cache.is_file():
-        return np.load(cache, allow_pickle=False)
-    tokens = tokenize_stream(tokenizer, recipe.data, seed=recipe.seed, max_tokens=_tokens_needed(recipe, world))
-    cache.parent.mkdir(parents=True, exist_ok=True)
+        return
     tmp = cache.with_suffix(".tmp.npy")
     np.save(tmp, tokens)
     tmp.replace(cache)
-    return tokens
 
 
 def _heldout_texts(recipe: Recipe, max_chars: int) -> list[str]:
@@ -146,18 +158,28 @@ def convert(
     """
     out = Path(output_dir)
     accelerator = _make_accelerator(recipe)
+    began = time.perf_counter()
+    # Everything that can fail on bad input (folder policy, model, data) runs before the output
+    # folder is touched, so a typo never leaves a half-made folder behind.
+    check_output_dir(out, overwrite=overwrite, resume=resume)
+    teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
+    teacher.eval().requires_grad_(False)
+    teacher.to(accelerator.device)
+    tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes, resume)
+    longest = max(recipe.phase1.seq_len if recipe.phase1.steps else 0, recipe.phase2.seq_len if recipe.phase2.steps else 0)
+    if len(tokens) < max(longest, 1):
+        raise DataError(
+            f"the training data has {len(tokens)} tokens, fewer than one sequence of {longest}; "
+            "add data or lower the phases' seq_len"
+        )
+
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         prepare_output_dir(out, overwrite=overwrite, resume=resume)
         (out / "training").mkdir(parents=True, exist_ok=True)
         (out / "training" / "recipe.yaml").write_text(recipe_to_yaml(recipe))
+        _save_tokens(tokens, out)
     accelerator.wait_for_everyone()
-    began = time.perf_counter()
-
-    teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
-    teacher.eval().requires_grad_(False)
-    teacher.to(accelerator.device)
-
-    tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes)
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
     if recipe.harmonic.calibrate_norms:
         sample = PackedBatches(tokens, recipe.phase1.seq_len, seed=recipe.seed).sequences[:2].to(accelerator.device)
@@ -353,4 +375,4 @@ def _plot_losses(metrics: Path, png: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["DataError", "OutputDirError", "convert", "export", "parse_phases", "prepare_output_dir"]
+__all__ = ["DataError", "OutputDirError", "check_output_dir", "convert", "export", "parse_phases", "prepare_output_dir"]

@@ -315,9 +315,12 @@ class HallamonicModel(HallamonicPreTrainedModel):
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         chunk_size: int | None = None,
+        keep_last: int = 0,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """Run the stack; with a ``cache`` the recurrent states continue from where it left off.
+
+        ``keep_last=k`` returns only the last k positions' hidden states (0 = all).
 
         ``chunk_size`` (default ``config.forward_chunk_size``; 0 = whole input at once) processes
         the input in chunks of that many tokens through all layers, carrying the states, so that
@@ -325,9 +328,7 @@ class HallamonicModel(HallamonicPreTrainedModel):
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("HallamonicModel: pass exactly one of `input_ids` or `inputs_embeds`")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)  # (B, L, H)
-        length = inputs_embeds.shape[1]
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
@@ -344,19 +345,25 @@ class HallamonicModel(HallamonicPreTrainedModel):
         states = self._read_states(cache, len(self.layers))
         chunk = chunk_size if chunk_size is not None else self.config.forward_chunk_size
         chunk = chunk if chunk and chunk > 0 else length
+        first_kept = length - keep_last if 0 < keep_last < length else 0
         outputs, all_hidden = [], []
         for start in range(0, length, chunk):
-            hidden = inputs_embeds[:, start : start + chunk]
+            # Embedding chunk by chunk keeps memory bounded by the chunk, not the input length.
+            if inputs_embeds is not None:
+                hidden = inputs_embeds[:, start : start + chunk]
+            else:
+                hidden = self.embed_tokens(input_ids[:, start : start + chunk])  # (B, C, H)
             chunk_mask = mask[:, start : start + chunk] if mask is not None else None
             layer_hidden = [hidden] if output_hidden_states else None
             for i, layer in enumerate(self.layers):
                 hidden, states[i] = layer(hidden, states[i], chunk_mask)
                 if output_hidden_states:
                     layer_hidden.append(hidden)
-            outputs.append(self.norm(hidden))
+            if start + hidden.shape[1] > first_kept:  # only the positions the caller asked for
+                outputs.append(self.norm(hidden[:, max(first_kept - start, 0) :]))
             if output_hidden_states:
                 all_hidden.append(layer_hidden)
-        last_hidden = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H)
+        last_hidden = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L', H)
 
         if use_cache:
             for i, state in enumerate(states):
@@ -421,10 +428,9 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             chunk_size=chunk_size,
+            keep_last=logits_to_keep,
         )
-        hidden = outputs.last_hidden_state
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
+        hidden = outputs.last_hidden_state  # (B, logits_to_keep or L, H)
         logits = self.lm_head(hidden)  # (B, L', V)
         loss = None
         if labels is not None:
