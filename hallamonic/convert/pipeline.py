@@ -342,7 +342,12 @@ def model_card(recipe: Recipe, report: dict) -> str:
             cells = [f"{result['bits_per_token'][str(n)]:.3f}" if str(n) in result["bits_per_token"] else "n/a" for n in lengths]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines += ["", f"Held-out documents of the training source; tokens scored: {heldout.get('converted', {}).get('tokens')}."]
-    lines += ["", "Phase 1 loss is the per-layer MSE to the teacher's attention output divided by its mean square.", ""]
+    lines += [
+        "",
+        "Phase 1 loss is the per-layer MSE to the teacher's attention output divided by its mean square; "
+        "phase 2 loss is the next-token cross-entropy plus `phase2.kl_weight` x KL(teacher || student), in nats.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -362,7 +367,7 @@ def _plot_losses(metrics: Path, png: Path) -> None:
     if not series:
         return
     fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.5), squeeze=False)
-    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase2": "next-token loss (nats)"}
+    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase2": "cross-entropy + kl_weight x KL (nats)"}
     for ax, (phase, points) in zip(axes[0], sorted(series.items())):
         steps = sorted(points)
         ax.plot(steps, [points[s] for s in steps], marker=".")

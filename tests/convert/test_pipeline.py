@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,24 +19,16 @@ from hallamonic.convert.recipe import load_recipe
 from hallamonic.convert.trainer import TrainingDiverged
 
 FAST = ["phase1.steps=4", "phase2.steps=3", "checkpoint.every=2", "eval.max_windows=1", "eval.context_lengths=[128]"]
-CLEAN_LOADER = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
-    class NoHallamonic(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "hallamonic" or name.startswith("hallamonic."):
-                raise ImportError("hallamonic is deliberately unavailable")
-    sys.meta_path.insert(0, NoHallamonic())
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = sys.argv[1]
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
-    ids = tok("Return the number of items", return_tensors="pt").input_ids
-    out = model.generate(ids, max_new_tokens=5, do_sample=False)
-    print(json.dumps({"logits": model(ids).logits[0, -1, :8].tolist(), "generated": out.shape[1] - ids.shape[1]}))
-    """
-)
+CLEAN_LOADER = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+ids = tok("Return the number of items", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=5, do_sample=False)
+print(json.dumps({"logits": model(ids).logits[0, -1, :8].tolist(), "generated": out.shape[1] - ids.shape[1]}))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +54,10 @@ def test_export_is_a_complete_checkpoint(converted):
     assert report["heldout"]["converted"]["bits_per_token"]["128"] > 0
 
 
-def test_checkpoint_loads_and_generates_without_the_package(converted):
+def test_checkpoint_loads_and_generates_without_the_package(converted, without_hallamonic):
     out, _ = converted
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-c", CLEAN_LOADER, str(out)], capture_output=True, text=True, env=env, timeout=300, check=True)
+    result = subprocess.run([sys.executable, "-c", without_hallamonic(CLEAN_LOADER), str(out)], capture_output=True, text=True, env=env, timeout=300, check=True)
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,32 +21,23 @@ REMOTE_FILES = {
     "hallamonic_scan_triton.py",
 }
 
-# Runs in a clean interpreter: any import of the `hallamonic` package fails, so only the files
-# copied into the checkpoint can be used.
-LOADER = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
-    class NoHallamonic(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "hallamonic" or name.startswith("hallamonic."):
-                raise ImportError("hallamonic is deliberately unavailable in this process")
-    sys.meta_path.insert(0, NoHallamonic())
-
-    import torch
-    from transformers import AutoModelForCausalLM
-    checkpoint, ids_path, out_path = sys.argv[1:4]
-    ids = torch.tensor(json.load(open(ids_path)))
-    result = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True, dtype=dtype).eval()
-        with torch.no_grad():
-            result[name] = model(ids).logits.float().tolist()
-        result[name + "_tied"] = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-        result[name + "_module"] = type(model).__module__
-        result[name + "_dtype"] = str(next(model.parameters()).dtype)
-    json.dump(result, open(out_path, "w"))
-    """
-)
+# Runs in a clean interpreter where `hallamonic` cannot be imported (see tests/conftest.py).
+LOADER = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+checkpoint, ids_path, out_path = sys.argv[1:4]
+ids = torch.tensor(json.load(open(ids_path)))
+result = {}
+for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True, dtype=dtype).eval()
+    with torch.no_grad():
+        result[name] = model(ids).logits.float().tolist()
+    result[name + "_tied"] = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    result[name + "_module"] = type(model).__module__
+    result[name + "_dtype"] = str(next(model.parameters()).dtype)
+json.dump(result, open(out_path, "w"))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +68,13 @@ def test_checkpoint_contains_remote_code_and_auto_map(checkpoint):
     assert config["auto_map"]["AutoConfig"] == "configuration_hallamonic.HallamonicConfig"
 
 
-def test_loads_without_the_package_with_identical_logits(checkpoint, tmp_path):
+def test_loads_without_the_package_with_identical_logits(checkpoint, tmp_path, without_hallamonic):
     path, model = checkpoint
     ids = torch.randint(0, 61, (2, 24))
     (tmp_path / "ids.json").write_text(json.dumps(ids.tolist()))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run(
-        [sys.executable, "-c", LOADER, str(path), str(tmp_path / "ids.json"), str(tmp_path / "out.json")],
+        [sys.executable, "-c", without_hallamonic(LOADER), str(path), str(tmp_path / "ids.json"), str(tmp_path / "out.json")],
         check=True, cwd=tmp_path, env=env, timeout=300,
     )
     result = json.loads((tmp_path / "out.json").read_text())
