@@ -143,6 +143,12 @@ def resolve_spec(spec: str | os.PathLike) -> tuple[str, bool]:
     return str(path), True
 
 
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """An exception's message collapsed to one line (library messages often span several)."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def load_causal_lm(
     spec: str | os.PathLike,
     *,
@@ -176,11 +182,18 @@ def load_causal_lm(
             trust_remote_code=trust,
             use_safetensors=None if allow_pickle else True,
         )
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
     except OSError as err:
         if local:
             raise
         raise OSError(
             f"could not load {source!r} from the Hugging Face hub (offline, or no such model?): {err}"
         ) from err
+    except Exception as err:  # noqa: BLE001 - e.g. a truncated or corrupted safetensors file
+        if not local:
+            raise
+        raise ValueError(f"{source}: the model weights cannot be read ({type(err).__name__}: {_one_line(err)})") from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
+    except Exception as err:  # noqa: BLE001 - missing or broken tokenizer files
+        raise ValueError(f"{source}: no usable tokenizer ({type(err).__name__}: {_one_line(err)})") from err
     return model.to(device).eval(), tokenizer
