@@ -48,6 +48,8 @@ def convert_command(
         report = convert(loaded, target, phases=selected, resume=resume, overwrite=overwrite)
     except (RecipeError, DataError, OutputDirError, UnsupportedModelError, FileNotFoundError, ValueError, TrainingDiverged) as err:
         fail(str(err), debug=debug)
+    except OSError as err:  # disk full, permissions, ...: the checkpoints written so far are intact
+        fail(f"{err}; checkpoints already written are intact, fix the cause and rerun with --resume", debug=debug)
     except KeyboardInterrupt:
         fail("interrupted; rerun with --resume to continue from the last checkpoint", code=130)
     else:
