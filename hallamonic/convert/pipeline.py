@@ -14,8 +14,10 @@ Layout of an output folder (it is itself a loadable Hugging Face checkpoint):
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -285,15 +287,25 @@ def _evaluate_for_card(recipe: Recipe, teacher, student, tokenizer) -> dict:
 
 
 def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict) -> None:
-    """Write the loadable checkpoint: weights, remote code, tokenizer, generation config, card."""
+    """Write the loadable checkpoint: weights, remote code, tokenizer, generation config, card.
+
+    Everything is written to a temporary folder first and moved into ``out`` only once complete,
+    so a full disk or a crash during export leaves any earlier export and the checkpoints intact.
+    """
     student.config.base_model_name_or_path = recipe.base.model
-    student.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    generation = getattr(teacher, "generation_config", None)
-    if generation is not None:
-        generation.save_pretrained(out)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        student.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        generation = getattr(teacher, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(staging)
+        (staging / "README.md").write_text(model_card(recipe, report))
+        for path in staging.iterdir():
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     (out / "training" / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "README.md").write_text(model_card(recipe, report))
 
 
 def model_card(recipe: Recipe, report: dict) -> str:

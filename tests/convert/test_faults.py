@@ -100,3 +100,26 @@ def test_64k_tokens_stay_finite_in_fp32_and_bf16():
             assert torch.isfinite(out.logits.float()).all()
             states = [layer.recurrent_states[0] for layer in out.cache.layers]
             assert all(torch.isfinite(s).all() and s.dtype == torch.float32 for s in states)
+
+
+def test_disk_full_during_export_keeps_the_previous_export(tiny_checkpoint, tmp_path, monkeypatch):
+    import errno
+    import shutil as sh
+
+    from hallamonic.convert import pipeline
+    from hallamonic.convert.recipe import load_recipe
+
+    out = tmp_path / "out"
+    sh.copytree(tiny_checkpoint, out)
+    before = (out / "model.safetensors").read_bytes()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    from transformers import PreTrainedTokenizerBase
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        pipeline.convert(load_recipe("tiny", ["phase1.steps=2", "phase2.steps=0", "eval.max_windows=0"]), out, resume=True)
+    assert (out / "model.safetensors").read_bytes() == before  # the earlier export is untouched
+    assert not [p for p in out.iterdir() if p.name.startswith(".export-")]  # no debris
