@@ -75,3 +75,10 @@ def test_recipes_list_and_show():
     assert code == 0 and "phase1:" in output and "#" in output
     code, output = run("recipes", "show", "tinyy")
     assert code == 2 and "did you mean `tiny`" in output
+
+
+def test_debug_flag_shows_the_exception(tmp_path):
+    from hallamonic.convert.recipe import RecipeError
+
+    result = runner.invoke(app, ["convert", "tiny", "-o", str(tmp_path / "out"), "--set", "phase1.stepz=3", "--debug"])
+    assert result.exit_code != 0 and isinstance(result.exception, RecipeError)
