@@ -12,7 +12,7 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from hallamonic.evaluation.scoring import is_out_of_memory, run_guard, score_tokens
+from hallamonic.evaluation.scoring import run_guard, score_tokens, unless_out_of_memory
 
 LN2 = math.log(2.0)
 
@@ -89,15 +89,11 @@ def evaluate_context(
             result["not_run"][key] = reason
             continue
         windows = [prefix + stream[i * body : (i + 1) * body] for i in range(n_windows)]
-        try:
-            bits, by_position, tokens = evaluate_length(model, windows, length, progress)
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            if not is_out_of_memory(err):
-                raise
+        measured = unless_out_of_memory(lambda: evaluate_length(model, windows, length, progress))
+        if measured is None:
             failed = result["not_run"][key] = "out of memory"
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
             continue
+        bits, by_position, tokens = measured
         result["bits_per_token"][key] = bits
         result["by_position"][key] = by_position
         result["tokens"][key] = tokens

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hallamonic.evaluation.lambada import encode_pair
-from hallamonic.evaluation.scoring import is_out_of_memory, run_guard, score_tokens
+from hallamonic.evaluation.scoring import run_guard, score_tokens, unless_out_of_memory
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -81,14 +81,11 @@ def evaluate_passkey(
         if longest > length:
             result["not_run"][key] = f"shorter than the passkey prompt without filler ({longest} tokens)"
             continue
-        try:
-            hits = [retrieves(model, p, a) for p, a in tqdm(cases, desc=f"passkey {length}", disable=not progress)]
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            if not is_out_of_memory(err):
-                raise
+        hits = unless_out_of_memory(
+            lambda: [retrieves(model, p, a) for p, a in tqdm(cases, desc=f"passkey {length}", disable=not progress)]
+        )
+        if hits is None:
             failed = result["not_run"][key] = "out of memory"
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
             continue
         result["accuracy"][key] = sum(hits) / len(hits)
         result["prompt_tokens"][key] = round(sum(len(p) + len(a) for p, a in cases) / len(cases))

@@ -118,3 +118,16 @@ def is_out_of_memory(err: BaseException) -> bool:
     """Both CUDA OOM and the CPU allocator's failure count as 'does not fit'."""
     text = str(err).lower()
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+def unless_out_of_memory(run):
+    """``run()``'s value, or None when it does not fit in memory (CUDA cache emptied); any other
+    error propagates. Tasks use it to mark a length 'out of memory' and skip longer ones."""
+    try:
+        return run()
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        if not is_out_of_memory(err):
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hallamonic.evaluation.scoring import is_out_of_memory, position_limit, run_guard, score_tokens
@@ -26,3 +27,18 @@ def test_guards(llama):
     assert "max-attention-length" in run_guard(llama, 10_000, 4096)
     assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_out_of_memory_is_caught_and_other_errors_propagate():
+    from hallamonic.evaluation.scoring import unless_out_of_memory
+
+    def oom():
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    def bug():
+        raise RuntimeError("shape mismatch")
+
+    assert unless_out_of_memory(lambda: 3) == 3
+    assert unless_out_of_memory(oom) is None
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        unless_out_of_memory(bug)
