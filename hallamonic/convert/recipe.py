@@ -184,17 +184,18 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     raise RecipeError(f"recipe key `{key}` has an unsupported type {text}")  # pragma: no cover
 
 
-def _build(cls, values: dict[str, Any], prefix: str = ""):
+def _build(cls, values: dict[str, Any], prefix: str = "", root=None):
+    root = root or cls
     if not isinstance(values, dict):
         raise RecipeError(f"recipe section `{prefix.rstrip('.') or 'root'}` must be a mapping, got {values!r}")
     fields = _fields(cls)
     kwargs = {}
     for name, value in values.items():
         if name not in fields:
-            raise _unknown_key(prefix + str(name), _all_keys())
+            raise _unknown_key(prefix + str(name), _all_keys(root))
         section = _section_class(fields[name])
         if section is not None:
-            kwargs[name] = _build(section, value, prefix + name + ".")
+            kwargs[name] = _build(section, value, prefix + name + ".", root)
         else:
             kwargs[name] = _coerce(prefix + name, value, fields[name].type)
     return cls(**kwargs)
@@ -251,13 +252,14 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _apply_override(tree: dict[str, Any], assignment: str) -> None:
+def _apply_override(tree: dict[str, Any], assignment: str, root=None) -> None:
     if "=" not in assignment:
         raise RecipeError(f"--set expects key=value, got {assignment!r}")
     key, raw = assignment.split("=", 1)
     key = key.strip()
-    if key not in _all_keys():
-        raise _unknown_key(key, _all_keys())
+    known = _all_keys(root or Recipe)
+    if key not in known:
+        raise _unknown_key(key, known)
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as err:
@@ -272,16 +274,16 @@ def _apply_override(tree: dict[str, Any], assignment: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
-def bundled_recipes() -> dict[str, Path]:
-    """Bundled recipe name -> file."""
-    return {p.stem: p for p in sorted(RECIPES_DIR.glob("*.yaml"))}
+def bundled_recipes(folder: Path = RECIPES_DIR) -> dict[str, Path]:
+    """Bundled recipe name -> file (conversion recipes; study recipes live in ``recipes/study``)."""
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
 
 
-def resolve_recipe_path(name_or_path: str) -> Path:
+def resolve_recipe_path(name_or_path: str, folder: Path = RECIPES_DIR) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    bundled = bundled_recipes()
+    bundled = bundled_recipes(folder)
     if name_or_path in bundled:
         return bundled[name_or_path]
     hint = difflib.get_close_matches(name_or_path, list(bundled), n=1)
@@ -292,13 +294,28 @@ def resolve_recipe_path(name_or_path: str) -> Path:
     )
 
 
-def build_recipe(tree: dict[str, Any] | None, overrides: typing.Sequence[str] = ()) -> Recipe:
-    """A validated Recipe from a parsed YAML tree plus ``key=value`` overrides."""
+def build_schema(root, tree: dict[str, Any] | None, overrides: typing.Sequence[str] = ()):
+    """An instance of the dataclass tree ``root`` from a parsed YAML tree plus ``key=value``
+    overrides: unknown keys (with the closest known one), wrong types and empty values rejected.
+    Shared by every recipe kind (conversion, study); range checks are each kind's own."""
     tree = dict(tree or {})
     tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
     for assignment in overrides:
-        _apply_override(tree, assignment)
-    recipe = _build(Recipe, tree)
+        _apply_override(tree, assignment, root)
+    return _build(root, tree)
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file parsed with ``yaml.safe_load`` (no object tags), or a one-line RecipeError."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{path}: not valid YAML: {err}") from None
+
+
+def build_recipe(tree: dict[str, Any] | None, overrides: typing.Sequence[str] = ()) -> Recipe:
+    """A validated Recipe from a parsed YAML tree plus ``key=value`` overrides."""
+    recipe = build_schema(Recipe, tree, overrides)
     _validate(recipe)
     return recipe
 
@@ -306,11 +323,7 @@ def build_recipe(tree: dict[str, Any] | None, overrides: typing.Sequence[str] = 
 def load_recipe(name_or_path: str, overrides: typing.Sequence[str] = ()) -> Recipe:
     """Load a bundled recipe by name or a YAML file by path, then apply overrides."""
     path = resolve_recipe_path(name_or_path)
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: not valid YAML: {err}") from None
-    recipe = build_recipe(tree, overrides)
+    recipe = build_recipe(read_yaml(path), overrides)
     if recipe.name == "custom":
         recipe.name = path.stem
     return recipe

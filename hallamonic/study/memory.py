@@ -1,0 +1,170 @@
+"""The memory wall: peak memory of one training step against sequence length, per architecture.
+
+One step = forward, backward and an AdamW update on ``batch_size`` sequences of random tokens.
+On CUDA the peak is ``torch.cuda.max_memory_allocated`` above the weights, measured in-process; an
+out-of-memory error marks the length (and every longer one) "OOM". On CPU every measurement runs
+in a fresh process whose peak resident set size (``ru_maxrss``) is read after the step, minus the
+resident size before it; a length predicted to need more than ``memory.limit_gb`` (extrapolated
+from the previous two lengths) is not run, and the process's address space is capped as a safety.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from hallamonic.study.models import Architecture, build_architectures
+from hallamonic.study.recipe import StudyRecipe
+
+WALL_MODELS = ("harmonic", "transformer", "mamba")  # the ablations have the harmonic model's memory
+
+
+def _one_step(arch: Architecture, length: int, batch_size: int, device: str) -> float:
+    """Run one training step; return its seconds."""
+    from hallamonic.study.runner import next_token_loss
+
+    model = arch.build(0).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = torch.randint(0, arch.config.vocab_size, (batch_size, length), device=device)
+    began = time.perf_counter()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+        loss = next_token_loss(model, batch)
+    loss.backward()
+    optimizer.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - began
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _cpu_child(arch: Architecture, length: int, batch_size: int, cap_bytes: int, threads: int, queue) -> None:
+    torch.set_num_threads(threads)
+    resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
+    try:
+        arch.build(0)  # warm the allocator and imports; the measured model is built inside _one_step
+        before = _rss_mb()
+        seconds = _one_step(arch, length, batch_size, "cpu")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        queue.put({"status": "ok", "step_mb": peak - before, "seconds": seconds})
+    except (MemoryError, RuntimeError) as err:
+        queue.put({"status": "out of memory", "error": str(err)[:200]})
+
+
+def _measure_cpu(arch: Architecture, length: int, batch_size: int, limit_gb: float) -> dict:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    cap = int((2 * limit_gb + 4) * 2**30)  # room for the interpreter, torch and its virtual reservations
+    child = context.Process(target=_cpu_child, args=(arch, length, batch_size, cap, torch.get_num_threads(), queue))
+    child.start()
+    child.join()
+    if not queue.empty():
+        return queue.get()
+    return {"status": f"failed (exit code {child.exitcode})"}
+
+
+def _measure_cuda(arch: Architecture, length: int, batch_size: int) -> dict:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    try:
+        seconds = _one_step(arch, length, batch_size, "cuda")
+    except torch.OutOfMemoryError:
+        return {"status": "OOM"}
+    finally:
+        torch.cuda.empty_cache()
+    return {"status": "ok", "step_mb": (torch.cuda.max_memory_allocated() - before) / 2**20, "seconds": seconds}
+
+
+def _predicted_mb(points: list[tuple[int, float]], length: int) -> float | None:
+    """Memory at ``length`` extrapolated from the last two measured lengths (at least linear growth)."""
+    if not points:
+        return None
+    (l1, m1), (l2, m2) = (points[-2] if len(points) > 1 else (points[-1][0] / 2, points[-1][1] / 2)), points[-1]
+    exponent = max(1.0, math.log(max(m2, 1e-6) / max(m1, 1e-6)) / math.log(l2 / l1)) if l2 != l1 else 1.0
+    return m2 * (length / l2) ** exponent
+
+
+def memory_wall(recipe: StudyRecipe, out: Path, *, vocab_size: int = 256, echo=print) -> dict:
+    """Measure every wall model at every ``memory.lengths``; write memory.json / memory.md / memory.png."""
+    names = [m for m in WALL_MODELS if m in recipe.models]
+    lengths = sorted(recipe.memory.lengths)
+    archs = build_architectures(recipe.model, vocab_size, names, max(lengths))
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if cuda else f"cpu ({torch.get_num_threads()} threads)"
+    results: dict = {"device": device, "batch_size": recipe.memory.batch_size, "models": {}}
+    for name in names:
+        arch, points, rows, stopped = archs[name], [], {}, None
+        for length in lengths:
+            if stopped:
+                rows[str(length)] = {"status": stopped}
+                continue
+            predicted = None if cuda else _predicted_mb(points, length)
+            if predicted is not None and predicted > recipe.memory.limit_gb * 1024:
+                stopped = f"not run: predicted {predicted / 1024:.1f} GB > limit {recipe.memory.limit_gb} GB"
+                rows[str(length)] = {"status": stopped}
+                continue
+            row = _measure_cuda(arch, length, recipe.memory.batch_size) if cuda else _measure_cpu(
+                arch, length, recipe.memory.batch_size, recipe.memory.limit_gb
+            )
+            rows[str(length)] = row
+            if row["status"] == "ok":
+                points.append((length, row["step_mb"]))
+                tokens_s = length * recipe.memory.batch_size / row["seconds"]
+                row["tokens_per_s"] = tokens_s
+                echo(f"{name:12s} {length:>8,} tokens: {row['step_mb']:>9,.0f} MB, {row['seconds']:.2f} s ({tokens_s:,.0f} tokens/s)")
+            else:
+                stopped = row["status"]
+                echo(f"{name:12s} {length:>8,} tokens: {row['status']}")
+        results["models"][name] = {"params": arch.params, "lengths": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "memory.json").write_text(json.dumps(results, indent=1))
+    (out / "memory.md").write_text(_markdown(results, lengths))
+    _plot(results, lengths, out / "memory.png")
+    return results
+
+
+def _markdown(results: dict, lengths: list[int]) -> str:
+    lines = [
+        f"Peak memory of one training step (MB above the weights), batch {results['batch_size']}, {results['device']}.",
+        "", "| model | params | " + " | ".join(f"{n:,}" for n in lengths) + " |", "|---|---:|" + "---:|" * len(lengths),
+    ]
+    for name, entry in results["models"].items():
+        cells = []
+        for n in lengths:
+            row = entry["lengths"][str(n)]
+            cells.append(f"{row['step_mb']:,.0f}" if row["status"] == "ok" else row["status"].split(":")[0])
+        lines.append(f"| {name} | {entry['params']:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(results: dict, lengths: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, entry in results["models"].items():
+        points = [(int(n), r["step_mb"]) for n, r in entry["lengths"].items() if r["status"] == "ok"]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("peak step memory (MB)")
+    ax.set_title(f"memory wall, {results['device']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

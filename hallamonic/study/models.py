@@ -1,0 +1,139 @@
+"""The study's architectures, built from one shape and matched in parameter count.
+
+- ``harmonic``: the Hallamonic decoder from scratch: embeddings, layers of (RMSNorm, HarmonicBlock,
+  RMSNorm, SwiGLU MLP), final norm, LM head. The same layer as a converted checkpoint, so the study
+  measures the block the converter ships.
+- ``harmonic-no-hierarchy`` / ``harmonic-raw-states``: the two ablations (one config flag each;
+  identical parameter count).
+- ``transformer``: transformers' Llama with the same width, depth and heads; its MLP width is fitted
+  so the parameter count matches (attention is 4 d^2 per layer, a HarmonicBlock ~3.3 d^2).
+- ``mamba``: transformers' Mamba (its PyTorch path without CUDA kernels), ``mamba_layers`` blocks;
+  its hidden size is fitted to match.
+
+Untied input and output embeddings everywhere, so no model gets a parameter discount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hallamonic.study.recipe import StudyModelSection
+
+
+class ParameterMismatch(ValueError):
+    """A baseline cannot be sized within the recipe's tolerance of the Harmonic parameter count."""
+
+
+@dataclass
+class Architecture:
+    name: str
+    config: object  # a transformers PreTrainedConfig
+    params: int
+
+    def build(self, seed: int) -> nn.Module:
+        """A freshly initialised model; the same seed gives the same weights."""
+        torch.manual_seed(seed)
+        return _model_class(self.config)(self.config)
+
+
+def _model_class(config):
+    from transformers import LlamaForCausalLM, MambaForCausalLM
+
+    from hallamonic.modeling import HallamonicForCausalLM
+
+    return {"hallamonic": HallamonicForCausalLM, "llama": LlamaForCausalLM, "mamba": MambaForCausalLM}[config.model_type]
+
+
+def count_parameters(config) -> int:
+    """Parameters of a model built from ``config`` (on the meta device: no memory, no init)."""
+    with torch.device("meta"):
+        model = _model_class(config)(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def harmonic_config(shape: StudyModelSection, vocab_size: int, *, hierarchy: bool = True, error_signal: bool = True):
+    from hallamonic.modeling import HallamonicConfig
+
+    return HallamonicConfig(
+        vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
+        timescale_bands=shape.timescale_bands, hierarchy=hierarchy, error_signal=error_signal,
+        gate_rank=shape.gate_rank, predictor_rank=shape.predictor_rank, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None,
+    )
+
+
+def transformer_config(shape: StudyModelSection, vocab_size: int, intermediate_size: int, max_length: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
+        max_position_embeddings=max_length, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+        attn_implementation="sdpa",
+    )
+
+
+def mamba_config(shape: StudyModelSection, vocab_size: int, hidden_size: int):
+    from transformers import MambaConfig
+
+    return MambaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=shape.mamba_layers or 2 * shape.num_layers,
+        state_size=shape.mamba_state_size, expand=shape.mamba_expand, tie_word_embeddings=False,
+        use_mambapy=True,  # parallel scan in PyTorch for training without CUDA kernels (mambapy package)
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+
+
+def _fit(make, candidates: range, target: int) -> tuple[object, int]:
+    """The config among ``make(c)`` whose parameter count is closest to ``target``.
+
+    Parameter counts grow monotonically with the fitted width, so a bisection finds the crossing.
+    """
+    lo, hi = 0, len(candidates) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if count_parameters(make(candidates[mid])) < target:
+            lo = mid
+        else:
+            hi = mid
+    options = [(make(candidates[i]), None) for i in (lo, hi)]
+    options = [(config, count_parameters(config)) for config, _ in options]
+    return min(options, key=lambda pair: abs(pair[1] - target))
+
+
+def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[str], max_length: int) -> dict[str, Architecture]:
+    """Configs and parameter counts of ``names``; baselines fitted to the Harmonic count.
+
+    Raises ParameterMismatch when the closest fit is outside ``shape.param_tolerance``.
+    """
+    base = harmonic_config(shape, vocab_size)
+    target = count_parameters(base)
+    archs: dict[str, Architecture] = {}
+    for name in names:
+        if name == "harmonic":
+            config, params = base, target
+        elif name == "harmonic-no-hierarchy":
+            config = harmonic_config(shape, vocab_size, hierarchy=False)
+            params = count_parameters(config)
+        elif name == "harmonic-raw-states":
+            config = harmonic_config(shape, vocab_size, error_signal=False)
+            params = count_parameters(config)
+        elif name == "transformer":
+            widths = range(8, 16 * shape.intermediate_size + 8, 8)
+            config, params = _fit(lambda w: transformer_config(shape, vocab_size, w, max_length), widths, target)
+        elif name == "mamba":
+            widths = range(2, 4 * shape.hidden_size + 2, 2)
+            config, params = _fit(lambda w: mamba_config(shape, vocab_size, w), widths, target)
+        else:
+            raise ValueError(f"unknown architecture {name!r}")
+        if abs(params - target) > shape.param_tolerance * target:
+            raise ParameterMismatch(
+                f"{name}: closest size has {params:,} parameters vs Harmonic's {target:,} "
+                f"({100 * (params / target - 1):+.1f}%, tolerance {100 * shape.param_tolerance:.0f}%); change the model shape"
+            )
+        archs[name] = Architecture(name, config, params)
+    return archs

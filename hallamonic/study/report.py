@@ -1,0 +1,125 @@
+"""The study's table, results.json, gaps and plots, rebuilt from the finished runs' result.json.
+
+Gap of Harmonic vs a baseline at a context, as in the research summary: the baseline's loss minus
+Harmonic's, in percent of the baseline's (positive: Harmonic is better). Ablations are reported as
+a difference in bits (ablation minus Harmonic; positive: the ablation is worse).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hallamonic.study.recipe import StudyRecipe
+
+BASELINES = ("transformer", "mamba")
+ABLATIONS = ("harmonic-no-hierarchy", "harmonic-raw-states")
+
+
+def collect(out: Path, recipe: StudyRecipe) -> dict:
+    """results.json's content from runs/*/ctx-*/result.json (missing runs are simply absent)."""
+    models: dict[str, dict] = {}
+    unit = None
+    for name in recipe.models:
+        for context in recipe.contexts:
+            path = out / "runs" / name / f"ctx-{context}" / "result.json"
+            if not path.is_file():
+                continue
+            record = json.loads(path.read_text())
+            unit = record["unit"]
+            entry = models.setdefault(name, {"params": record["params"], "bits": {}, "train_seconds": {}, "train_tokens_per_s": {}})
+            entry["bits"][str(context)] = record["bits"]
+            entry["train_seconds"][str(context)] = record["train_seconds"]
+            entry["train_tokens_per_s"][str(context)] = record["train_tokens_per_s"]
+    harmonic = models.get("harmonic", {}).get("bits", {})
+    gaps = {
+        base: {c: 100 * (models[base]["bits"][c] - harmonic[c]) / models[base]["bits"][c] for c in harmonic if c in models[base]["bits"]}
+        for base in BASELINES if base in models
+    }
+    ablations = {
+        name: {c: models[name]["bits"][c] - harmonic[c] for c in harmonic if c in models[name]["bits"]}
+        for name in ABLATIONS if name in models
+    }
+    return {
+        "recipe": recipe.name, "unit": unit, "contexts": recipe.contexts, "models": models,
+        "gap_percent": gaps, "ablation_delta_bits": ablations,
+        "tokens_per_run": recipe.steps * recipe.train.batch_tokens,
+    }
+
+
+def to_markdown(results: dict) -> str:
+    contexts = [str(c) for c in results["contexts"]]
+    header = "| model | params | " + " | ".join(contexts) + " |"
+    lines = [
+        f"Test {results['unit'] or 'bits'} at each training context ({results['tokens_per_run']:,} training tokens per run).",
+        "", header, "|---|---:|" + "---:|" * len(contexts),
+    ]
+    for name, entry in results["models"].items():
+        cells = [f"{entry['bits'][c]:.4f}" if c in entry["bits"] else "-" for c in contexts]
+        lines.append(f"| {name} | {entry['params']:,} | " + " | ".join(cells) + " |")
+    for base, gaps in results["gap_percent"].items():
+        cells = [f"{gaps[c]:+.2f}%" if c in gaps else "-" for c in contexts]
+        lines.append(f"| gap vs {base} | | " + " | ".join(cells) + " |")
+    for name, deltas in results["ablation_delta_bits"].items():
+        cells = [f"{deltas[c]:+.4f}" if c in deltas else "-" for c in contexts]
+        lines.append(f"| {name} - harmonic (bits) | | " + " | ".join(cells) + " |")
+    lines += ["", "Gap = (baseline - harmonic) / baseline: positive means Harmonic is better."]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(out: Path, results: dict, recipe: StudyRecipe) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, entry in results["models"].items():
+        points = sorted((int(c), b) for c, b in entry["bits"].items())
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("training context (tokens)")
+    ax.set_ylabel(f"test {results['unit'] or 'bits'}")
+    ax.set_title(f"{recipe.name}: equal budget, {results['tokens_per_run']:,} tokens per run")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bits_vs_context.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "bits_vs_context.png")
+
+    contexts = recipe.contexts
+    fig, axes = plt.subplots(1, len(contexts), figsize=(3.2 * len(contexts), 3), sharey=True, squeeze=False)
+    for ax, context in zip(axes[0], contexts):
+        for name in recipe.models:
+            path = out / "runs" / name / f"ctx-{context}" / "metrics.jsonl"
+            if not path.is_file():
+                continue
+            by_step = {}
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                if row.get("loss") is not None:
+                    by_step[row["step"]] = (row["tokens"], row["loss"] / 0.6931471805599453)
+            points = [by_step[s] for s in sorted(by_step)]
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=name)
+        ax.set_title(f"context {context}")
+        ax.set_xlabel("training tokens")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("train loss (bits)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "training_curves.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "training_curves.png")
+    return written
+
+
+def write_report(out: Path, recipe: StudyRecipe) -> dict:
+    """Write results.json, results.md and the plots; return the results."""
+    results = collect(out, recipe)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(to_markdown(results))
+    if results["models"]:
+        _plot(out, results, recipe)
+    return results

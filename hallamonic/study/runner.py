@@ -1,0 +1,181 @@
+"""Run a study: every architecture at every context, under one protocol, resumably.
+
+Protocol (what makes the comparison fair): for a given context every model sees the same training
+sequences in the same order (one seeded permutation), the same number of optimizer steps and
+tokens, the same AdamW settings, schedule and clipping, the same initialisation seed, and is
+scored on the same test windows. Only the architecture differs.
+
+Layout of the output folder::
+
+    recipe.yaml                     the resolved recipe (a resumed study must match it)
+    runs/MODEL/ctx-C/result.json    one finished run: parameters, test bits, time, tokens/s
+    runs/MODEL/ctx-C/metrics.jsonl  its training curve; checkpoints/ while it runs
+    results.json, results.md        the table, with gaps; bits_vs_context.png, training_curves.png
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from hallamonic.convert.checkpoint import latest_checkpoint
+from hallamonic.convert.data import DataError, PackedBatches
+from hallamonic.convert.recipe import CheckpointSection, PhaseSection, TrainSection
+from hallamonic.convert.trainer import MetricsLog, run_phase
+from hallamonic.evaluation.scoring import score_tokens
+from hallamonic.study.data import StudyCorpus, load_study_corpus
+from hallamonic.study.models import Architecture, build_architectures
+from hallamonic.study.recipe import StudyRecipe
+from hallamonic.study.report import write_report
+
+
+class StudyOutputError(ValueError):
+    """The output folder holds another study (or anything) and neither --resume nor --overwrite was given."""
+
+
+def _accelerator(precision: str):
+    from accelerate import Accelerator
+
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() else "no"
+    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
+
+
+def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) over a (B, L) batch, identical for every architecture."""
+    logits = model(input_ids=batch, use_cache=False).logits  # (B, L, V)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
+
+
+def test_windows(corpus: StudyCorpus, context: int, tokens: int) -> torch.Tensor:
+    """The first ``tokens // context`` non-overlapping windows of the test split, (N, context)."""
+    count = min(max(tokens // context, 1), len(corpus.test) // context)
+    if count == 0:
+        raise DataError(f"the test split has {len(corpus.test)} tokens, fewer than one window of {context}")
+    return torch.from_numpy(corpus.test[: count * context].astype("int64")).view(count, context)
+
+
+@torch.no_grad()
+def test_bits(model, windows: torch.Tensor, batch_tokens: int, accelerator) -> float:
+    """Mean bits per token over every next-token prediction inside the windows."""
+    model.eval()
+    per_batch = max(batch_tokens // windows.shape[1], 1)
+    total, count = 0.0, 0
+    for lo in range(0, windows.shape[0], per_batch):
+        with accelerator.autocast():
+            nll, _ = score_tokens(model, windows[lo : lo + per_batch].to(accelerator.device))  # (b, L-1)
+        total += nll.double().sum().item()
+        count += nll.numel()
+    model.train()
+    return total / count / math.log(2)
+
+
+def _prepare_output(recipe: StudyRecipe, out: Path, resume: bool, overwrite: bool) -> None:
+    text = yaml.safe_dump(recipe.to_dict(), sort_keys=False)
+    saved = out / "recipe.yaml"
+    if out.exists() and any(out.iterdir()):
+        if overwrite:
+            shutil.rmtree(out)
+        elif not resume:
+            raise StudyOutputError(f"{out} exists and is not empty; pass --resume to continue it or --overwrite to replace it")
+        elif not saved.is_file():
+            raise StudyOutputError(f"{out} is not a study folder (no recipe.yaml); choose another --output-dir")
+        else:
+            before = yaml.safe_load(saved.read_text())
+            now = recipe.to_dict()
+            changed = [k for k in now if k not in ("models", "contexts", "memory", "description") and before.get(k) != now[k]]
+            if changed:
+                raise StudyOutputError(
+                    f"{out} was started with a different recipe (sections {changed} differ); its runs would not be "
+                    "comparable. Use another --output-dir or --overwrite"
+                )
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(text)
+
+
+def _run_dir(out: Path, name: str, context: int) -> Path:
+    return out / "runs" / name / f"ctx-{context}"
+
+
+def train_one(
+    recipe: StudyRecipe, arch: Architecture, context: int, corpus: StudyCorpus, out: Path, resume: bool
+) -> dict:
+    """Train ``arch`` at ``context`` from scratch, score the test windows, write result.json."""
+    run_dir = _run_dir(out, arch.name, context)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resuming = resume and latest_checkpoint(run_dir / "checkpoints") is not None
+    if not resuming and (run_dir / "metrics.jsonl").exists():
+        (run_dir / "metrics.jsonl").unlink()  # a run without a checkpoint starts over
+    t = recipe.train
+    accelerator = _accelerator(t.mixed_precision)
+    model = arch.build(recipe.seed).to(accelerator.device)
+    batches = PackedBatches(corpus.train, context, seed=recipe.seed, source=f"the training split of {corpus.source}")
+    section = PhaseSection(
+        steps=recipe.steps, seq_len=context, batch_size=t.batch_tokens // context, lr=t.lr,
+        warmup_steps=t.warmup_steps, schedule=t.schedule, min_lr_ratio=t.min_lr_ratio,
+    )
+    train = TrainSection(
+        grad_accum=1, max_grad_norm=t.max_grad_norm, weight_decay=t.weight_decay, mixed_precision=t.mixed_precision,
+        on_nan=t.on_nan, log_every=t.log_every,
+    )
+    began = time.perf_counter()
+    result = run_phase(
+        name=f"{arch.name} @ {context}", accelerator=accelerator, module=model,
+        trainable=dict(model.named_parameters()), loss_fn=next_token_loss, batches=batches, section=section,
+        train=train, checkpointing=CheckpointSection(every=t.checkpoint_every, keep=1),
+        checkpoint_root=run_dir / "checkpoints", log=MetricsLog(run_dir / "metrics.jsonl"), resume=resuming,
+    )
+    model = accelerator.unwrap_model(model)
+    train_seconds = time.perf_counter() - began
+    windows = test_windows(corpus, context, recipe.eval.tokens)
+    bits = test_bits(model, windows, t.batch_tokens, accelerator)
+    record = {
+        "model": arch.name, "context": context, "params": arch.params, "bits": bits, "unit": corpus.unit,
+        "steps": result.steps, "tokens": result.tokens, "final_train_loss": result.final_loss,
+        "train_seconds": train_seconds, "resumed_from_step": result.resumed_from,
+        "train_tokens_per_s": (result.tokens * (1 - result.resumed_from / result.steps)) / max(result.seconds, 1e-9),
+        "test_windows": int(windows.shape[0]), "device": str(accelerator.device),
+    }
+    if t.save_weights:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, run_dir / "model.safetensors")
+        arch.config.to_json_file(run_dir / "config.json")
+    tmp = run_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(run_dir / "result.json")  # the run counts as done only once this file is complete
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    accelerator.free_memory()
+    return record
+
+
+def run_study(recipe: StudyRecipe, out: Path, *, resume: bool = False, overwrite: bool = False, echo=print) -> dict:
+    """Train and score every (model, context) of the recipe not finished yet; write the report."""
+    corpus = load_study_corpus(recipe.data)
+    for context in recipe.contexts:  # fail before any training if a context cannot be scored
+        test_windows(corpus, context, recipe.eval.tokens)
+        if len(corpus.train) < context:
+            raise DataError(f"the training split has {len(corpus.train)} tokens, fewer than one context of {context}")
+    archs = build_architectures(recipe.model, corpus.vocab_size, recipe.models, max(recipe.contexts))
+    _prepare_output(recipe, out, resume, overwrite)
+    target = archs[recipe.models[0]].params
+    echo(f"{corpus.source}: {len(corpus.train):,} train / {len(corpus.valid):,} valid / {len(corpus.test):,} test tokens ({corpus.unit})")
+    for name, arch in archs.items():
+        echo(f"  {name:24s} {arch.params:>12,} parameters ({100 * (arch.params / target - 1):+.1f}%)")
+    echo(f"every run: {recipe.steps} steps x {recipe.train.batch_tokens:,} tokens = {recipe.steps * recipe.train.batch_tokens:,} tokens")
+    for context in recipe.contexts:
+        for name in recipe.models:
+            done = _run_dir(out, name, context) / "result.json"
+            if done.is_file():
+                echo(f"[{name} @ {context}] done earlier: {json.loads(done.read_text())['bits']:.4f}")
+                continue
+            record = train_one(recipe, archs[name], context, corpus, out, resume)
+            echo(f"[{name} @ {context}] test {record['bits']:.4f} {corpus.unit} in {record['train_seconds'] / 60:.1f} min")
+    return write_report(out, recipe)
