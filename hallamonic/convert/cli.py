@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-recipes_app = typer.Typer(help="List and show the bundled conversion recipes.", no_args_is_help=True)
+recipes_app = typer.Typer(help="List and show the bundled recipes (conversion and study).", no_args_is_help=True)
 
 
 def fail(message: str, *, debug: bool = False, code: int = 2) -> None:
@@ -63,19 +63,26 @@ def convert_command(
 
 @recipes_app.command("list")
 def recipes_list() -> None:
-    """Bundled recipes with their one-line description."""
+    """Bundled recipes with their one-line description: `hallamonic convert` and `hallamonic study` ones."""
     from hallamonic.convert.recipe import bundled_recipes, load_recipe
+    from hallamonic.study.recipe import bundled_study_recipes, load_study_recipe
 
+    typer.echo("conversion recipes (hallamonic convert NAME):")
     for name in bundled_recipes():
-        typer.echo(f"{name:18s} {load_recipe(name).description}")
+        typer.echo(f"  {name:18s} {load_recipe(name).description}")
+    typer.echo("study recipes (hallamonic study NAME):")
+    for name in bundled_study_recipes():
+        typer.echo(f"  {name:18s} {load_study_recipe(name).description}")
 
 
 @recipes_app.command("show")
 def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or file.")]) -> None:
-    """Print a recipe's YAML (with its comments)."""
-    from hallamonic.convert.recipe import RecipeError, resolve_recipe_path
+    """Print a recipe's YAML (with its comments); conversion recipes first, then study recipes."""
+    from hallamonic.convert.recipe import RecipeError, bundled_recipes, resolve_recipe_path
+    from hallamonic.study.recipe import STUDY_RECIPES_DIR, bundled_study_recipes
 
     try:
-        typer.echo(resolve_recipe_path(name).read_text())
+        folder = STUDY_RECIPES_DIR if name in bundled_study_recipes() and name not in bundled_recipes() else None
+        typer.echo((resolve_recipe_path(name, folder) if folder else resolve_recipe_path(name)).read_text())
     except RecipeError as err:
         fail(str(err))

@@ -4,7 +4,8 @@
   RMSNorm, SwiGLU MLP), final norm, LM head. The same layer as a converted checkpoint, so the study
   measures the block the converter ships.
 - ``harmonic-no-hierarchy`` / ``harmonic-raw-states``: the two ablations (one config flag each;
-  identical parameter count).
+  identical parameter count). ``harmonic-output-gate``: the output-gate option (a low-rank gate,
+  +2 x hidden x hidden/8 parameters per layer; it is not fitted, its count is printed).
 - ``transformer``: transformers' Llama with the same width, depth and heads; its MLP width is fitted
   so the parameter count matches (attention is 4 d^2 per layer, a HarmonicBlock ~3.3 d^2).
 - ``mamba``: transformers' Mamba (its PyTorch path without CUDA kernels), ``mamba_layers`` blocks;
@@ -54,13 +55,15 @@ def count_parameters(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def harmonic_config(shape: StudyModelSection, vocab_size: int, *, hierarchy: bool = True, error_signal: bool = True):
+def harmonic_config(
+    shape: StudyModelSection, vocab_size: int, *, hierarchy: bool = True, error_signal: bool = True, output_gate: bool = False
+):
     from hallamonic.modeling import HallamonicConfig
 
     return HallamonicConfig(
         vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
-        timescale_bands=shape.timescale_bands, hierarchy=hierarchy, error_signal=error_signal,
+        timescale_bands=shape.timescale_bands, hierarchy=hierarchy, error_signal=error_signal, output_gate=output_gate,
         gate_rank=shape.gate_rank, predictor_rank=shape.predictor_rank, tie_word_embeddings=False,
         bos_token_id=None, eos_token_id=None,
     )
@@ -122,6 +125,9 @@ def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[s
         elif name == "harmonic-raw-states":
             config = harmonic_config(shape, vocab_size, error_signal=False)
             params = count_parameters(config)
+        elif name == "harmonic-output-gate":
+            config = harmonic_config(shape, vocab_size, output_gate=True)
+            params = count_parameters(config)
         elif name == "transformer":
             widths = range(8, 16 * shape.intermediate_size + 8, 8)
             config, params = _fit(lambda w: transformer_config(shape, vocab_size, w, max_length), widths, target)
@@ -130,7 +136,7 @@ def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[s
             config, params = _fit(lambda w: mamba_config(shape, vocab_size, w), widths, target)
         else:
             raise ValueError(f"unknown architecture {name!r}")
-        if abs(params - target) > shape.param_tolerance * target:
+        if name in ("transformer", "mamba") and abs(params - target) > shape.param_tolerance * target:
             raise ParameterMismatch(
                 f"{name}: closest size has {params:,} parameters vs Harmonic's {target:,} "
                 f"({100 * (params / target - 1):+.1f}%, tolerance {100 * shape.param_tolerance:.0f}%); change the model shape"

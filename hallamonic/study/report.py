@@ -1,8 +1,8 @@
 """The study's table, results.json, gaps and plots, rebuilt from the finished runs' result.json.
 
 Gap of Harmonic vs a baseline at a context, as in the research summary: the baseline's loss minus
-Harmonic's, in percent of the baseline's (positive: Harmonic is better). Ablations are reported as
-a difference in bits (ablation minus Harmonic; positive: the ablation is worse).
+Harmonic's, in percent of the baseline's (positive: Harmonic is better). Ablations and options are
+reported as a difference in bits (variant minus Harmonic; positive: the variant is worse).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from hallamonic.study.recipe import StudyRecipe
 
 BASELINES = ("transformer", "mamba")
-ABLATIONS = ("harmonic-no-hierarchy", "harmonic-raw-states")
+VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate")
 
 
 def collect(out: Path, recipe: StudyRecipe) -> dict:
@@ -28,6 +28,9 @@ def collect(out: Path, recipe: StudyRecipe) -> dict:
             record = json.loads(path.read_text())
             unit = record["unit"]
             entry = models.setdefault(name, {"params": record["params"], "bits": {}, "train_seconds": {}, "train_tokens_per_s": {}})
+            if record["bits"] is None:  # did not fit in memory
+                entry.setdefault("failed", {})[str(context)] = record.get("status", "failed")
+                continue
             entry["bits"][str(context)] = record["bits"]
             entry["train_seconds"][str(context)] = record["train_seconds"]
             entry["train_tokens_per_s"][str(context)] = record["train_tokens_per_s"]
@@ -36,13 +39,13 @@ def collect(out: Path, recipe: StudyRecipe) -> dict:
         base: {c: 100 * (models[base]["bits"][c] - harmonic[c]) / models[base]["bits"][c] for c in harmonic if c in models[base]["bits"]}
         for base in BASELINES if base in models
     }
-    ablations = {
+    variants = {
         name: {c: models[name]["bits"][c] - harmonic[c] for c in harmonic if c in models[name]["bits"]}
-        for name in ABLATIONS if name in models
+        for name in VARIANTS if name in models
     }
     return {
         "recipe": recipe.name, "unit": unit, "contexts": recipe.contexts, "models": models,
-        "gap_percent": gaps, "ablation_delta_bits": ablations,
+        "gap_percent": gaps, "variant_delta_bits": variants,
         "tokens_per_run": recipe.steps * recipe.train.batch_tokens,
     }
 
@@ -55,12 +58,13 @@ def to_markdown(results: dict) -> str:
         "", header, "|---|---:|" + "---:|" * len(contexts),
     ]
     for name, entry in results["models"].items():
-        cells = [f"{entry['bits'][c]:.4f}" if c in entry["bits"] else "-" for c in contexts]
+        failed = entry.get("failed", {})
+        cells = [f"{entry['bits'][c]:.4f}" if c in entry["bits"] else ("OOM" if c in failed else "-") for c in contexts]
         lines.append(f"| {name} | {entry['params']:,} | " + " | ".join(cells) + " |")
     for base, gaps in results["gap_percent"].items():
         cells = [f"{gaps[c]:+.2f}%" if c in gaps else "-" for c in contexts]
         lines.append(f"| gap vs {base} | | " + " | ".join(cells) + " |")
-    for name, deltas in results["ablation_delta_bits"].items():
+    for name, deltas in results["variant_delta_bits"].items():
         cells = [f"{deltas[c]:+.4f}" if c in deltas else "-" for c in contexts]
         lines.append(f"| {name} - harmonic (bits) | | " + " | ".join(cells) + " |")
     lines += ["", "Gap = (baseline - harmonic) / baseline: positive means Harmonic is better."]

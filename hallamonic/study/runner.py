@@ -29,7 +29,7 @@ from hallamonic.convert.checkpoint import latest_checkpoint
 from hallamonic.convert.data import DataError, PackedBatches
 from hallamonic.convert.recipe import CheckpointSection, PhaseSection, TrainSection
 from hallamonic.convert.trainer import MetricsLog, run_phase
-from hallamonic.evaluation.scoring import score_tokens
+from hallamonic.evaluation.scoring import is_out_of_memory, score_tokens
 from hallamonic.study.data import StudyCorpus, load_study_corpus
 from hallamonic.study.models import Architecture, build_architectures
 from hallamonic.study.recipe import StudyRecipe
@@ -156,6 +156,17 @@ def train_one(
     return record
 
 
+def _record_out_of_memory(out: Path, arch: Architecture, context: int, corpus: StudyCorpus, error: str) -> None:
+    """A run that does not fit is a result too (the memory wall): bits None, status 'out of memory'."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    run_dir = _run_dir(out, arch.name, context)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    record = {"model": arch.name, "context": context, "params": arch.params, "bits": None, "unit": corpus.unit,
+              "status": "out of memory", "error": error[:300]}
+    (run_dir / "result.json").write_text(json.dumps(record, indent=1))
+
+
 def run_study(recipe: StudyRecipe, out: Path, *, resume: bool = False, overwrite: bool = False, echo=print) -> dict:
     """Train and score every (model, context) of the recipe not finished yet; write the report."""
     corpus = load_study_corpus(recipe.data)
@@ -174,8 +185,16 @@ def run_study(recipe: StudyRecipe, out: Path, *, resume: bool = False, overwrite
         for name in recipe.models:
             done = _run_dir(out, name, context) / "result.json"
             if done.is_file():
-                echo(f"[{name} @ {context}] done earlier: {json.loads(done.read_text())['bits']:.4f}")
+                earlier = json.loads(done.read_text())
+                echo(f"[{name} @ {context}] done earlier: {earlier.get('status') or format(earlier['bits'], '.4f')}")
                 continue
-            record = train_one(recipe, archs[name], context, corpus, out, resume)
+            try:
+                record = train_one(recipe, archs[name], context, corpus, out, resume)
+            except (RuntimeError, torch.OutOfMemoryError) as err:
+                if not is_out_of_memory(err):
+                    raise
+                _record_out_of_memory(out, archs[name], context, corpus, str(err))
+                echo(f"[{name} @ {context}] out of memory: recorded, the study goes on")
+                continue
             echo(f"[{name} @ {context}] test {record['bits']:.4f} {corpus.unit} in {record['train_seconds'] / 60:.1f} min")
     return write_report(out, recipe)

@@ -70,7 +70,9 @@ def test_existing_output_folder_needs_resume_or_overwrite(tmp_path):
 
 def test_recipes_list_and_show():
     code, output = run("recipes", "list")
-    assert code == 0 and "smollm2-135m" in output and "tinyllama-1.1b" in output
+    assert code == 0 and "smollm2-135m" in output and "tinyllama-1.1b" in output and "study-enwik8-cpu" in output
+    code, output = run("recipes", "show", "study-enwik8-28m")
+    assert code == 0 and "Expected cost" in output
     code, output = run("recipes", "show", "tiny")
     assert code == 0 and "phase1:" in output and "#" in output
     code, output = run("recipes", "show", "tinyy")

@@ -180,6 +180,21 @@ def test_timescales_spread_over_each_levels_band():
     assert all(band == [1.0, 4096.0] for band in flat.level_bands)
 
 
+def test_level_inputs_start_on_the_value_streams_scale():
+    """From scratch, every level's input norm starts at the RMS the value stream has at init, so
+    slow levels do not start louder than the first (conversion re-fits these gains on real text)."""
+    torch.manual_seed(0)
+    config = tiny_config(hidden_size=256, num_attention_heads=8, num_key_value_heads=8, intermediate_size=64)
+    model = HallamonicForCausalLM(config)
+    block = model.model.layers[0].mixer
+    x = torch.randn(4, 64, 256)  # unit RMS, like the normalised residual stream
+    value_rms = block.value_stream(x).pow(2).mean().sqrt().item()
+    for norm in block.error_norms:
+        assert torch.all(norm.weight == norm.weight[0])
+        assert norm.weight[0].item() == pytest.approx(value_rms, rel=0.1)
+    assert torch.all(model.model.layers[0].input_layernorm.weight == 1.0)
+
+
 def test_value_stream_repeats_kv_heads_like_llama():
     from transformers.models.llama.modeling_llama import repeat_kv
 

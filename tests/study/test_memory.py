@@ -1,0 +1,29 @@
+"""The memory wall: extrapolation, the CPU measurement in a fresh process, the limit, the files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hallamonic.study.memory import _predicted_mb, memory_wall
+from hallamonic.study.recipe import load_study_recipe
+
+
+def test_prediction_follows_the_measured_growth():
+    assert _predicted_mb([(1024, 10.0), (2048, 40.0)], 4096) == pytest.approx(160.0)  # quadratic
+    assert _predicted_mb([(1024, 10.0), (2048, 20.0)], 8192) == pytest.approx(80.0)  # linear
+    assert _predicted_mb([(1024, 10.0), (2048, 15.0)], 4096) == pytest.approx(30.0)  # at least linear
+    assert _predicted_mb([], 4096) is None
+
+
+def test_cpu_wall_measures_and_stops_at_the_limit(tmp_path):
+    recipe = load_study_recipe("study-ci", ["models=[harmonic, transformer]", "memory.lengths=[256, 2048]", "memory.limit_gb=0.02"])
+    results = memory_wall(recipe, tmp_path, echo=lambda *_: None)
+    for name in ("harmonic", "transformer"):
+        first = results["models"][name]["lengths"]["256"]
+        assert first["status"] == "ok" and first["step_mb"] > 0 and first["tokens_per_s"] > 0
+        assert results["models"][name]["lengths"]["2048"]["status"].startswith("not run: predicted")
+    assert json.loads((tmp_path / "memory.json").read_text()) == results
+    assert "| harmonic |" in (tmp_path / "memory.md").read_text()
+    assert (tmp_path / "memory.png").read_bytes()[:4] == b"\x89PNG"

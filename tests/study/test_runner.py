@@ -1,0 +1,119 @@
+"""`hallamonic study` end to end on a tiny setting: protocol, report, resume, refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from hallamonic.cli import app
+from hallamonic.study import runner
+from hallamonic.study.recipe import ARCHITECTURES, load_study_recipe
+
+CLI = CliRunner()
+
+
+def study(out, overrides, *extra):
+    args = ["study", "study-ci", "-o", str(out)] + [a for o in overrides for a in ("--set", o)] + list(extra)
+    return CLI.invoke(app, args)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, enwik8_path):
+    """The bundled CI recipe as shipped (only the data file's absolute path is set)."""
+    out = tmp_path_factory.mktemp("study")
+    overrides = [f"data.path={enwik8_path}"]
+    result = study(out, overrides)
+    assert result.exit_code == 0, result.output
+    return out, overrides, result.output
+
+
+def test_every_model_and_context_is_trained_under_one_protocol(finished):
+    out, _, output = finished
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["models"]) == set(load_study_recipe("study-ci").models) == set(ARCHITECTURES[:5])
+    records = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/ctx-*/result.json"))]
+    assert len(records) == 5 * 2
+    # Same steps, tokens and test windows for every model at a context: only the architecture differs.
+    for context in (64, 128):
+        same = {(r["steps"], r["tokens"], r["test_windows"]) for r in records if r["context"] == context}
+        assert len(same) == 1, same
+    target = results["models"]["harmonic"]["params"]
+    for name, entry in results["models"].items():
+        assert abs(entry["params"] - target) <= 0.05 * target
+        assert set(entry["bits"]) == {"64", "128"} and all(0 < b < 8 for b in entry["bits"].values()), (name, entry)
+    for name in results["models"]:  # every model learned something: last logged loss below the first
+        rows = [json.loads(line) for line in (out / "runs" / name / "ctx-128" / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["loss"] < rows[0]["loss"] < math.log(256) + 0.5, name
+    assert "parameters" in output and "gap vs transformer" in output
+
+
+def test_gaps_and_ablation_deltas_follow_from_the_bits(finished):
+    out, _, _ = finished
+    results = json.loads((out / "results.json").read_text())
+    bits = {name: entry["bits"] for name, entry in results["models"].items()}
+    for base in ("transformer", "mamba"):
+        for c, gap in results["gap_percent"][base].items():
+            assert gap == pytest.approx(100 * (bits[base][c] - bits["harmonic"][c]) / bits[base][c])
+    for name in ("harmonic-no-hierarchy", "harmonic-raw-states"):
+        for c, delta in results["variant_delta_bits"][name].items():
+            assert delta == pytest.approx(bits[name][c] - bits["harmonic"][c])
+    table = (out / "results.md").read_text()
+    assert "| harmonic |" in table and "gap vs mamba" in table
+    for png in ("bits_vs_context.png", "training_curves.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_keeps_finished_runs_and_redoes_a_missing_one_identically(finished):
+    out, overrides, _ = finished
+    lost = out / "runs" / "mamba" / "ctx-128" / "result.json"
+    before = json.loads(lost.read_text())
+    kept = out / "runs" / "harmonic" / "ctx-64" / "result.json"
+    kept_text = kept.read_text()
+    lost.unlink()
+    result = study(out, overrides, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "[harmonic @ 64] done earlier" in result.output
+    assert kept.read_text() == kept_text
+    assert json.loads(lost.read_text())["bits"] == before["bits"]  # same seed, data order, steps: same model
+
+
+def test_a_run_interrupted_mid_training_resumes_from_its_checkpoint(tmp_path, tiny_overrides, monkeypatch):
+    overrides = tiny_overrides + ["models=[harmonic]", "contexts=[32]"]
+    reference = runner.run_study(load_study_recipe("study-ci", overrides), tmp_path / "a", echo=lambda *_: None)
+
+    calls = {"n": 0}
+    real_loss = runner.next_token_loss
+
+    def crash_on_third_step(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_loss(model, batch)
+
+    recipe = load_study_recipe("study-ci", overrides)
+    monkeypatch.setattr(runner, "next_token_loss", crash_on_third_step)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_study(recipe, tmp_path / "b", echo=lambda *_: None)
+    assert (tmp_path / "b" / "runs" / "harmonic" / "ctx-32" / "checkpoints" / "step-000002").is_dir()
+    monkeypatch.setattr(runner, "next_token_loss", real_loss)
+    resumed = runner.run_study(recipe, tmp_path / "b", resume=True, echo=lambda *_: None)
+    record = json.loads((tmp_path / "b" / "runs" / "harmonic" / "ctx-32" / "result.json").read_text())
+    assert record["resumed_from_step"] == 2
+    assert resumed["models"]["harmonic"]["bits"] == reference["models"]["harmonic"]["bits"]
+
+
+def test_existing_folder_and_changed_recipe_are_refused(finished):
+    out, overrides, _ = finished
+    result = study(out, overrides)
+    assert result.exit_code == 2 and "--resume" in result.output
+    result = study(out, overrides + ["train.lr=0.01"], "--resume")
+    assert result.exit_code == 2 and "different recipe" in result.output
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    result = study(tmp_path / "x", [f"data.path={tmp_path / 'missing.txt'}"])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not (tmp_path / "x").exists()
