@@ -29,7 +29,7 @@ from hallamonic.evaluation.cli import eval_command  # noqa: E402
 app.command("eval", help="Evaluate a model and its fair baselines: LAMBADA, loss by context length, passkey.")(eval_command)
 from hallamonic.study.cli import study_command  # noqa: E402
 
-app.command("study", help="Train Harmonic, a Transformer and Mamba from scratch at equal budget; ablations; memory wall.")(study_command)
+app.command("study")(study_command)  # its docstring is the help: protocol, outputs, --memory
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -39,6 +39,7 @@ class HarmonicSection:
     predictor_rank: int | None = None
     output_gate: bool = False
     output_gate_rank: int | None = None
+    short_conv_size: int = 0  # > 0: causal depthwise conv of the value stream (identity at init)
     init_from_attention: bool = True  # v_proj / o_proj from the teacher's attention
     calibrate_norms: bool = True  # fit level-input norms and the output scale on real text
 
@@ -131,6 +132,7 @@ POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.bat
 NON_NEGATIVE = {
     "phase1.steps", "phase2.steps", "phase1.warmup_steps", "phase2.warmup_steps", "checkpoint.every",
     "phase2.kl_weight", "phase2.lora_rank", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
+    "harmonic.short_conv_size",
 }
 
 

@@ -55,6 +55,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         predictor_rank=harmonic.predictor_rank,
         output_gate=harmonic.output_gate,
         output_gate_rank=harmonic.output_gate_rank,
+        short_conv_size=harmonic.short_conv_size,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
         bos_token_id=tc.bos_token_id,
         eos_token_id=tc.eos_token_id,
@@ -117,8 +118,9 @@ def calibrate_blocks(student: HallamonicForCausalLM, teacher: nn.Module, input_i
     """Data-dependent initialisation of every HarmonicBlock on a sample of real text.
 
     1. Level-input norms: levels above the first read RMS-normalised prediction errors (RMS 1 x
-       weight). With the weight left at 1, slow levels start orders of magnitude louder than the
-       value stream the first level integrates; the weight is set to the value stream's RMS.
+       weight). Its from-scratch init assumes a unit-RMS input to v_proj (initializer_range *
+       sqrt(hidden)); a teacher's v_proj has its own scale, so the weight is set to the value
+       stream's RMS measured on real text.
     2. Output scale: a leaky average of v is much louder than the teacher's attention output
        (heads park most of their weight on sink tokens whose values are small), so o_proj is
        scaled by the least-squares factor s = <m, y> / <m, m> between the block's output m and the

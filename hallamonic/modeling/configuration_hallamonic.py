@@ -29,6 +29,10 @@ class HallamonicConfig(PreTrainedConfig):
             which keeps the block within a few percent of the attention's parameter count).
         output_gate: multiply the summed states by ``2 * sigmoid(low_rank(x))`` before ``o_proj``
             (identity at initialisation). An option beyond the seed design.
+        short_conv_size: when > 0, a causal depthwise convolution of this many taps on the value
+            stream before the levels (identity at initialisation; its last k-1 inputs are carried
+            in the recurrent state). An option beyond the seed design, like Mamba's conv1d. Padding
+            must be on the left (as for generation): padded positions enter the conv as zeros.
         value_bias / output_bias: biases on ``v_proj`` / ``o_proj`` (Qwen2 has a v bias).
         forward_chunk_size: when > 0, forward processes long inputs in chunks of this many tokens,
             carrying the recurrent states, so activation memory depends on the chunk, not the length.
@@ -60,6 +64,7 @@ class HallamonicConfig(PreTrainedConfig):
         predictor_rank: int | None = None,
         output_gate: bool = False,
         output_gate_rank: int | None = None,
+        short_conv_size: int = 0,
         forward_chunk_size: int = 0,
         base_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
@@ -90,6 +95,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.predictor_rank = predictor_rank if predictor_rank is not None else default_rank
         self.output_gate = output_gate
         self.output_gate_rank = output_gate_rank if output_gate_rank is not None else default_rank
+        self.short_conv_size = short_conv_size
         self.forward_chunk_size = forward_chunk_size
         self.base_model_name_or_path = base_model_name_or_path
         self.tie_word_embeddings = tie_word_embeddings
@@ -134,6 +140,8 @@ class HallamonicConfig(PreTrainedConfig):
                 f"HallamonicConfig: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if not isinstance(self.short_conv_size, int) or isinstance(self.short_conv_size, bool) or self.short_conv_size < 0:
+            raise ValueError(f"HallamonicConfig: `short_conv_size` must be an integer >= 0, got {self.short_conv_size!r}")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if len(self.timescale_bands) < 1:

@@ -10,10 +10,10 @@ with GQA heads repeated) and runs three diagonal recurrences, fast to slow:
 * Each level's gate bias starts its channels' time constants tau = -1/log(a) log-uniformly over
   its own band (default [1,16], [16,256], [256,4096] tokens).
 * ``(1 - a) * u`` makes every state a leaky average: bounded at any length, no positions anywhere.
-* Output: o_proj(h_1 + h_2 + h_3), optionally gated.
+* Output: o_proj(h_1 + h_2 + h_3), optionally gated; v optionally passes a short causal conv first.
 
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
-one (batch, levels, channels) fp32 state per layer in a linear-attention cache.
+one (batch, levels [+ conv taps - 1], channels) fp32 state per layer in a linear-attention cache.
 
 This file is the remote code shipped inside every checkpoint: it imports only torch, transformers,
 the standard library and its siblings, and does no I/O.
@@ -120,6 +120,28 @@ class LowRank(nn.Module):
         return self.up(self.down(x))
 
 
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time with ``taps`` taps, identity at initialisation.
+
+    Gives every level exact access to the last few inputs (a leaky average blurs them). Its
+    last ``taps - 1`` inputs are the carried state, so chunked forward and generation match a
+    single pass.
+    """
+
+    def __init__(self, channels: int, taps: int):
+        super().__init__()
+        self.taps = taps
+        self.weight = nn.Parameter(torch.zeros(channels, taps))  # tap taps-1 multiplies the current input
+
+    def forward(self, v: torch.Tensor, tail: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """v: (B, L, C), tail: (B, taps-1, C) earlier inputs or None -> (B, L, C) and the new tail."""
+        if tail is None:
+            tail = v.new_zeros(v.shape[0], self.taps - 1, v.shape[2])
+        seq = torch.cat([tail.to(v.dtype), v], dim=1)  # (B, taps-1+L, C)
+        out = F.conv1d(seq.transpose(1, 2), self.weight.to(v.dtype).unsqueeze(1), groups=v.shape[2])  # (B, C, L)
+        return out.transpose(1, 2), seq[:, seq.shape[1] - (self.taps - 1) :]
+
+
 class DecayGate(nn.Module):
     """log a(t) = -softplus(up(down(u(t)))+bias) in fp32: in bf16, a = 0.999 would round to 1."""
 
@@ -163,11 +185,16 @@ class HarmonicBlock(nn.Module):
         self.output_gate = (
             LowRank(config.hidden_size, config.output_gate_rank, width) if config.output_gate else None
         )
+        kv_width = config.num_key_value_heads * config.head_dim
+        self.short_conv = ShortConv(kv_width, config.short_conv_size) if config.short_conv_size > 0 else None
 
     def value_stream(self, x: torch.Tensor) -> torch.Tensor:
-        """v_proj with GQA heads repeated exactly as Llama's repeat_kv does."""
-        batch, length, _ = x.shape
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, 1, self.head_dim)  # (B, L, Hkv, 1, d)
+        """v_proj with GQA heads repeated exactly as Llama's repeat_kv does (before any short conv)."""
+        return self._repeat_kv(self.v_proj(x))
+
+    def _repeat_kv(self, v: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = v.shape
+        v = v.view(batch, length, self.num_kv_heads, 1, self.head_dim)  # (B, L, Hkv, 1, d)
         v = v.expand(batch, length, self.num_kv_heads, self.kv_groups, self.head_dim)  # (B, L, Hkv, G, d)
         return v.reshape(batch, length, -1)  # (B, L, D)
 
@@ -187,12 +214,20 @@ class HarmonicBlock(nn.Module):
         """
         Args:
             x: (B, L, hidden) the normalised residual stream.
-            state: (B, levels, D) fp32 states before x, or None for zeros.
+            state: (B, levels [+ taps - 1], D) fp32 states before x, or None for zeros; with a short
+                conv, the rows after the levels hold its last inputs (first kv-width channels).
             mask: (B, L) bool, False at padding: there the state neither decays nor takes input.
         Returns:
-            y: (B, L, hidden) and the new state (B, levels, D) fp32.
+            y: (B, L, hidden) and the new state, shaped like ``state``.
         """
-        below = self.value_stream(x)  # h_0 = v: (B, L, D)
+        v = self.v_proj(x)  # (B, L, Dkv)
+        tail = None
+        if self.short_conv is not None:
+            if mask is not None:  # padding enters the conv as zeros (left padding: a fresh start)
+                v = v * mask.unsqueeze(-1).to(v.dtype)
+            carried = state[:, self.num_levels :, : v.shape[-1]] if state is not None else None
+            v, tail = self.short_conv(v, carried)  # (B, L, Dkv), (B, taps-1, Dkv)
+        below = self._repeat_kv(v)  # h_0 = v: (B, L, D)
         level_input = below
         total = None
         finals = []
@@ -214,7 +249,11 @@ class HarmonicBlock(nn.Module):
         mixed = total.to(x.dtype)  # (B, L, D)
         if self.output_gate is not None:
             mixed = mixed * (2.0 * torch.sigmoid(self.output_gate(x)))
-        return self.o_proj(mixed), torch.stack(finals, dim=1)
+        new_state = torch.stack(finals, dim=1)  # (B, levels, D) fp32
+        if tail is not None:
+            tail = F.pad(tail.float(), (0, new_state.shape[-1] - tail.shape[-1]))  # (B, taps-1, D)
+            new_state = torch.cat([new_state, tail], dim=1)
+        return self.o_proj(mixed), new_state
 
     # ---- initialisation from the attention this block replaces ----------------------------
     @torch.no_grad()
@@ -273,7 +312,11 @@ class HallamonicPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, TimescaleLinear):
+        if isinstance(module, ShortConv):
+            identity = torch.zeros_like(module.weight)
+            identity[:, -1] = 1.0  # the current input only: a converted block starts exactly as without it
+            init.copy_(module.weight, identity)
+        elif isinstance(module, TimescaleLinear):
             init.zeros_(module.weight)  # gates start data-independent, at their band's timescales
             init.copy_(module.bias, module.timescale_bias())
         elif isinstance(module, ZeroInitLinear):

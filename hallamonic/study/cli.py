@@ -46,10 +46,11 @@ def study_command(
             typer.echo(f"wrote {target / 'memory'}/memory.md, memory.json, memory.png")
             return
         results = run_study(loaded, target, resume=resume, overwrite=overwrite, echo=typer.echo)
-    except (RecipeError, DataError, StudyOutputError, ParameterMismatch, TrainingDiverged) as err:
-        fail(str(err), debug=debug)
+    except (RecipeError, DataError, StudyOutputError, ParameterMismatch, TrainingDiverged, ValueError) as err:
+        fail(str(err), debug=debug)  # ValueError: a model config the recipe's shape makes invalid
     except OSError as err:
-        fail(f"{err}; finished runs are kept, fix the cause and rerun with --resume", debug=debug)
+        hint = "rerun" if memory else "finished runs are kept, fix the cause and rerun with --resume"
+        fail(f"{err}; {hint}", debug=debug)
     except KeyboardInterrupt:
         fail("interrupted; rerun with --resume to continue (finished runs are kept)", code=130)
     else:

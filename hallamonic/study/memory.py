@@ -1,11 +1,13 @@
 """The memory wall: peak memory of one training step against sequence length, per architecture.
 
-One step = forward, backward and an AdamW update on ``batch_size`` sequences of random tokens.
-On CUDA the peak is ``torch.cuda.max_memory_allocated`` above the weights, measured in-process; an
-out-of-memory error marks the length (and every longer one) "OOM". On CPU every measurement runs
-in a fresh process whose peak resident set size (``ru_maxrss``) is read after the step, minus the
-resident size before it; a length predicted to need more than ``memory.limit_gb`` (extrapolated
-from the previous two lengths) is not run, and the process's address space is capped as a safety.
+One step = forward, backward and an AdamW update on ``batch_size`` sequences of random tokens;
+"step memory" is the peak during the first step above what the built model held before it
+(activations, gradients and optimizer state; not the weights). The time is that of a second step.
+On CUDA the peak is ``torch.cuda.max_memory_allocated``, measured in-process; an out-of-memory
+error marks the length (and every longer one) "OOM". On CPU every measurement runs in a fresh
+process whose peak resident set size (``ru_maxrss``) is read after the step, minus the resident
+size before it; a length predicted to need more than ``memory.limit_gb`` (extrapolated from the
+previous two lengths) is not run, and the process's address space is capped as a safety.
 """
 
 from __future__ import annotations
@@ -21,24 +23,32 @@ import torch
 
 from hallamonic.study.models import Architecture, build_architectures
 from hallamonic.study.recipe import StudyRecipe
+from hallamonic.study.runner import implementation
 
 WALL_MODELS = ("harmonic", "transformer", "mamba")  # the ablations have the harmonic model's memory
 
 
-def _one_step(arch: Architecture, length: int, batch_size: int, device: str) -> float:
-    """Run one training step; return its seconds."""
+def _step(model, optimizer, length: int, batch_size: int, device: str) -> None:
     from hallamonic.study.runner import next_token_loss
 
-    model = arch.build(0).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = torch.randint(0, arch.config.vocab_size, (batch_size, length), device=device)
-    began = time.perf_counter()
+    batch = torch.randint(0, model.config.vocab_size, (batch_size, length), device=device)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
         loss = next_token_loss(model, batch)
     loss.backward()
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def _built(arch: Architecture, device: str):
+    model = arch.build(0).to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _timed_step(model, optimizer, length: int, batch_size: int, device: str) -> float:
+    began = time.perf_counter()
+    _step(model, optimizer, length, batch_size, device)
     return time.perf_counter() - began
 
 
@@ -48,16 +58,22 @@ def _rss_mb() -> float:
 
 
 def _cpu_child(arch: Architecture, length: int, batch_size: int, cap_bytes: int, threads: int, queue) -> None:
+    from hallamonic.evaluation.scoring import is_out_of_memory
+
     torch.set_num_threads(threads)
     resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
     try:
-        arch.build(0)  # warm the allocator and imports; the measured model is built inside _one_step
+        model, optimizer = _built(arch, "cpu")
         before = _rss_mb()
-        seconds = _one_step(arch, length, batch_size, "cpu")
+        _step(model, optimizer, length, batch_size, "cpu")
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        seconds = _timed_step(model, optimizer, length, batch_size, "cpu")  # warm: the second step
         queue.put({"status": "ok", "step_mb": peak - before, "seconds": seconds})
     except (MemoryError, RuntimeError) as err:
-        queue.put({"status": "out of memory", "error": str(err)[:200]})
+        if isinstance(err, MemoryError) or is_out_of_memory(err):
+            queue.put({"status": "out of memory", "error": str(err)[:200]})
+        else:
+            queue.put({"status": f"error: {type(err).__name__}", "error": str(err)[:300]})
 
 
 def _measure_cpu(arch: Architecture, length: int, batch_size: int, limit_gb: float) -> dict:
@@ -73,20 +89,25 @@ def _measure_cpu(arch: Architecture, length: int, batch_size: int, limit_gb: flo
 
 
 def _measure_cuda(arch: Architecture, length: int, batch_size: int) -> dict:
-    torch.cuda.empty_cache()
+    model, optimizer = _built(arch, "cuda")
+    torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     try:
-        seconds = _one_step(arch, length, batch_size, "cuda")
+        _step(model, optimizer, length, batch_size, "cuda")
+        peak = torch.cuda.max_memory_allocated()
+        seconds = _timed_step(model, optimizer, length, batch_size, "cuda")  # warm: the second step
     except torch.OutOfMemoryError:
         return {"status": "OOM"}
     finally:
+        del model, optimizer
         torch.cuda.empty_cache()
-    return {"status": "ok", "step_mb": (torch.cuda.max_memory_allocated() - before) / 2**20, "seconds": seconds}
+    return {"status": "ok", "step_mb": (peak - before) / 2**20, "seconds": seconds}
 
 
-def _predicted_mb(points: list[tuple[int, float]], length: int) -> float | None:
-    """Memory at ``length`` extrapolated from the last two measured lengths (at least linear growth)."""
+def _predicted(points: list[tuple[int, float]], length: int) -> float | None:
+    """A cost (MB or seconds) at ``length`` extrapolated from the last two measured lengths with
+    their own growth exponent (at least linear)."""
     if not points:
         return None
     (l1, m1), (l2, m2) = (points[-2] if len(points) > 1 else (points[-1][0] / 2, points[-1][1] / 2)), points[-1]
@@ -103,15 +124,20 @@ def memory_wall(recipe: StudyRecipe, out: Path, *, vocab_size: int = 256, echo=p
     device = torch.cuda.get_device_name() if cuda else f"cpu ({torch.get_num_threads()} threads)"
     results: dict = {"device": device, "batch_size": recipe.memory.batch_size, "models": {}}
     for name in names:
-        arch, points, rows, stopped = archs[name], [], {}, None
+        arch, points, times, rows, stopped = archs[name], [], [], {}, None
         for length in lengths:
             if stopped:
                 rows[str(length)] = {"status": stopped}
                 continue
-            predicted = None if cuda else _predicted_mb(points, length)
+            predicted = None if cuda else _predicted(points, length)
+            seconds = _predicted(times, length)
             if predicted is not None and predicted > recipe.memory.limit_gb * 1024:
                 stopped = f"not run: predicted {predicted / 1024:.1f} GB > limit {recipe.memory.limit_gb} GB"
+            elif seconds is not None and seconds > recipe.memory.max_step_seconds:
+                stopped = f"not run: predicted {seconds:.0f} s per step > limit {recipe.memory.max_step_seconds:.0f} s"
+            if stopped:
                 rows[str(length)] = {"status": stopped}
+                echo(f"{name:12s} {length:>8,} tokens: {stopped}")
                 continue
             row = _measure_cuda(arch, length, recipe.memory.batch_size) if cuda else _measure_cpu(
                 arch, length, recipe.memory.batch_size, recipe.memory.limit_gb
@@ -119,13 +145,14 @@ def memory_wall(recipe: StudyRecipe, out: Path, *, vocab_size: int = 256, echo=p
             rows[str(length)] = row
             if row["status"] == "ok":
                 points.append((length, row["step_mb"]))
+                times.append((length, row["seconds"]))
                 tokens_s = length * recipe.memory.batch_size / row["seconds"]
                 row["tokens_per_s"] = tokens_s
                 echo(f"{name:12s} {length:>8,} tokens: {row['step_mb']:>9,.0f} MB, {row['seconds']:.2f} s ({tokens_s:,.0f} tokens/s)")
             else:
                 stopped = row["status"]
                 echo(f"{name:12s} {length:>8,} tokens: {row['status']}")
-        results["models"][name] = {"params": arch.params, "lengths": rows}
+        results["models"][name] = {"params": arch.params, "implementation": implementation(arch), "lengths": rows}
     out.mkdir(parents=True, exist_ok=True)
     (out / "memory.json").write_text(json.dumps(results, indent=1))
     (out / "memory.md").write_text(_markdown(results, lengths))
@@ -135,7 +162,8 @@ def memory_wall(recipe: StudyRecipe, out: Path, *, vocab_size: int = 256, echo=p
 
 def _markdown(results: dict, lengths: list[int]) -> str:
     lines = [
-        f"Peak memory of one training step (MB above the weights), batch {results['batch_size']}, {results['device']}.",
+        f"Peak memory of one training step (MB: activations, gradients, optimizer state; not the weights), "
+        f"batch {results['batch_size']}, {results['device']}.",
         "", "| model | params | " + " | ".join(f"{n:,}" for n in lengths) + " |", "|---|---:|" + "---:|" * len(lengths),
     ]
     for name, entry in results["models"].items():

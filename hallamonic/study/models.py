@@ -4,8 +4,9 @@
   RMSNorm, SwiGLU MLP), final norm, LM head. The same layer as a converted checkpoint, so the study
   measures the block the converter ships.
 - ``harmonic-no-hierarchy`` / ``harmonic-raw-states``: the two ablations (one config flag each;
-  identical parameter count). ``harmonic-output-gate``: the output-gate option (a low-rank gate,
-  +2 x hidden x hidden/8 parameters per layer; it is not fitted, its count is printed).
+  identical parameter count). ``harmonic-output-gate`` / ``harmonic-short-conv``: options beyond
+  the seed design (a low-rank output gate, +2 x hidden x hidden/8 parameters per layer; a causal
+  depthwise conv of the value stream, + hidden x taps). Not fitted: their counts are printed.
 - ``transformer``: transformers' Llama with the same width, depth and heads; its MLP width is fitted
   so the parameter count matches (attention is 4 d^2 per layer, a HarmonicBlock ~3.3 d^2).
 - ``mamba``: transformers' Mamba (its PyTorch path without CUDA kernels), ``mamba_layers`` blocks;
@@ -56,7 +57,8 @@ def count_parameters(config) -> int:
 
 
 def harmonic_config(
-    shape: StudyModelSection, vocab_size: int, *, hierarchy: bool = True, error_signal: bool = True, output_gate: bool = False
+    shape: StudyModelSection, vocab_size: int, *, hierarchy: bool = True, error_signal: bool = True,
+    output_gate: bool = False, short_conv: bool = False,
 ):
     from hallamonic.modeling import HallamonicConfig
 
@@ -64,6 +66,7 @@ def harmonic_config(
         vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
         timescale_bands=shape.timescale_bands, hierarchy=hierarchy, error_signal=error_signal, output_gate=output_gate,
+        short_conv_size=shape.short_conv_size if short_conv else 0,
         gate_rank=shape.gate_rank, predictor_rank=shape.predictor_rank, tie_word_embeddings=False,
         bos_token_id=None, eos_token_id=None,
     )
@@ -127,6 +130,9 @@ def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[s
             params = count_parameters(config)
         elif name == "harmonic-output-gate":
             config = harmonic_config(shape, vocab_size, output_gate=True)
+            params = count_parameters(config)
+        elif name == "harmonic-short-conv":
+            config = harmonic_config(shape, vocab_size, short_conv=True)
             params = count_parameters(config)
         elif name == "transformer":
             widths = range(8, 16 * shape.intermediate_size + 8, 8)

@@ -15,8 +15,11 @@ from pathlib import Path
 from hallamonic.convert.recipe import RECIPES_DIR, RecipeError, build_schema, bundled_recipes, read_yaml, resolve_recipe_path
 
 STUDY_RECIPES_DIR = RECIPES_DIR / "study"
-# The summary's three architectures, its two ablations, and one option beyond the seed design.
-ARCHITECTURES = ("harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate")
+# The summary's three architectures, its two ablations, and two options beyond the seed design.
+ARCHITECTURES = (
+    "harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states",
+    "harmonic-output-gate", "harmonic-short-conv",
+)
 
 
 @dataclass
@@ -40,6 +43,7 @@ class StudyModelSection:
     timescale_bands: list = field(default_factory=lambda: [[1.0, 16.0], [16.0, 256.0], [256.0, 4096.0]])
     gate_rank: int | None = None  # low-rank size of the Harmonic decay gates (null = hidden // 8)
     predictor_rank: int | None = None  # low-rank size of the inter-level predictors (null = hidden // 8)
+    short_conv_size: int = 4  # taps of the causal value conv of the `harmonic-short-conv` variant
     mamba_layers: int | None = None  # Mamba blocks (null = 2 x num_layers: a Mamba block has no MLP)
     mamba_state_size: int = 16  # Mamba's SSM state per channel (N)
     mamba_expand: int = 2  # Mamba's inner width factor; its hidden size is fitted to match parameters
@@ -72,7 +76,8 @@ class StudyEvalSection:
 class StudyMemorySection:
     lengths: list = field(default_factory=lambda: [1024, 4096, 16384, 65536])  # sequence lengths of one training step
     batch_size: int = 1  # sequences per measured step
-    limit_gb: float = 8.0  # CPU: lengths predicted (linearly from the last one) to need more are not run
+    limit_gb: float = 8.0  # CPU: lengths predicted (from the last two) to need more memory are not run
+    max_step_seconds: float = 120.0  # lengths predicted to need longer for one step are not run (quadratic attention)
 
 
 @dataclass
@@ -114,6 +119,7 @@ def _validate(recipe: StudyRecipe) -> None:
     for key, value in {
         "model.hidden_size": m.hidden_size, "model.num_layers": m.num_layers, "model.num_heads": m.num_heads,
         "model.intermediate_size": m.intermediate_size, "model.mamba_state_size": m.mamba_state_size,
+        "model.short_conv_size": m.short_conv_size,
         "model.mamba_expand": m.mamba_expand, "train.tokens": t.tokens, "train.batch_tokens": t.batch_tokens,
         "eval.tokens": recipe.eval.tokens, "memory.batch_size": recipe.memory.batch_size,
     }.items():
@@ -121,6 +127,11 @@ def _validate(recipe: StudyRecipe) -> None:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {value!r}")
     if m.hidden_size % m.num_heads:
         raise RecipeError(f"recipe key `model.hidden_size` ({m.hidden_size}) must be a multiple of `model.num_heads` ({m.num_heads})")
+    for key, value in (("model.gate_rank", m.gate_rank), ("model.predictor_rank", m.predictor_rank)):
+        if value is not None and value <= 0:
+            raise RecipeError(f"recipe key `{key}` must be > 0 or null, got {value!r}")
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise RecipeError(f"recipe key `train.min_lr_ratio` must be in [0, 1], got {t.min_lr_ratio!r}")
     if m.mamba_layers is not None and m.mamba_layers <= 0:
         raise RecipeError(f"recipe key `model.mamba_layers` must be > 0 or null, got {m.mamba_layers!r}")
     if not 0 < m.param_tolerance < 1:
@@ -151,8 +162,8 @@ def _validate(recipe: StudyRecipe) -> None:
         raise RecipeError("recipe keys `data.valid_fraction` (>= 0) and `data.test_fraction` (> 0) must sum to less than 1")
     if d.path is None and d.dataset is None:
         raise RecipeError("the study needs text: set `data.path` (a local file) or `data.dataset` (a hub dataset)")
-    if recipe.memory.limit_gb <= 0:
-        raise RecipeError(f"recipe key `memory.limit_gb` must be > 0, got {recipe.memory.limit_gb!r}")
+    if recipe.memory.limit_gb <= 0 or recipe.memory.max_step_seconds <= 0:
+        raise RecipeError("recipe keys `memory.limit_gb` and `memory.max_step_seconds` must be > 0")
 
 
 def build_study_recipe(tree: dict | None, overrides: typing.Sequence[str] = ()) -> StudyRecipe:

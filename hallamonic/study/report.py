@@ -13,7 +13,7 @@ from pathlib import Path
 from hallamonic.study.recipe import StudyRecipe
 
 BASELINES = ("transformer", "mamba")
-VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate")
+VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate", "harmonic-short-conv")
 
 
 def collect(out: Path, recipe: StudyRecipe) -> dict:
@@ -27,11 +27,15 @@ def collect(out: Path, recipe: StudyRecipe) -> dict:
                 continue
             record = json.loads(path.read_text())
             unit = record["unit"]
-            entry = models.setdefault(name, {"params": record["params"], "bits": {}, "train_seconds": {}, "train_tokens_per_s": {}})
+            entry = models.setdefault(
+                name, {"params": record["params"], "bits": {}, "valid_bits": {}, "train_seconds": {}, "train_tokens_per_s": {}}
+            )
             if record["bits"] is None:  # did not fit in memory
                 entry.setdefault("failed", {})[str(context)] = record.get("status", "failed")
                 continue
             entry["bits"][str(context)] = record["bits"]
+            if record.get("valid_bits") is not None:
+                entry["valid_bits"][str(context)] = record["valid_bits"]
             entry["train_seconds"][str(context)] = record["train_seconds"]
             entry["train_tokens_per_s"][str(context)] = record["train_tokens_per_s"]
     harmonic = models.get("harmonic", {}).get("bits", {})
@@ -68,6 +72,12 @@ def to_markdown(results: dict) -> str:
         cells = [f"{deltas[c]:+.4f}" if c in deltas else "-" for c in contexts]
         lines.append(f"| {name} - harmonic (bits) | | " + " | ".join(cells) + " |")
     lines += ["", "Gap = (baseline - harmonic) / baseline: positive means Harmonic is better."]
+    if any(entry.get("valid_bits") for entry in results["models"].values()):
+        lines += ["", "Validation split (for design decisions; the test split above is the study's number):", "",
+                  "| model | " + " | ".join(contexts) + " |", "|---|" + "---:|" * len(contexts)]
+        for name, entry in results["models"].items():
+            cells = [f"{entry['valid_bits'][c]:.4f}" if c in entry.get("valid_bits", {}) else "-" for c in contexts]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -38,9 +38,10 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
     return model
 
 
-@pytest.fixture(scope="module")
-def model() -> HallamonicForCausalLM:
-    return stateful_model()
+@pytest.fixture(scope="module", params=[0, 4], ids=["plain", "short-conv"])
+def model(request) -> HallamonicForCausalLM:
+    """Every state test runs without and with the short conv (whose inputs are carried state too)."""
+    return stateful_model(short_conv_size=request.param)
 
 
 def test_state_drives_the_logits(model):
@@ -139,17 +140,38 @@ def test_cache_size_is_constant_in_generated_length(model):
         return sum(t.numel() * t.element_size() for layer in cache.layers for t in layer.recurrent_states.values() if t is not None)
 
     short, long = cache_bytes(10), cache_bytes(2000)
-    expected = 2 * 3 * 32 * 4  # layers * levels * channels (4 heads x 8) * fp32 bytes, batch 1
+    rows = 3 + max(model.config.short_conv_size - 1, 0)  # levels (+ the conv's carried inputs)
+    expected = 2 * rows * 32 * 4  # layers * rows * channels (4 heads x 8) * fp32 bytes, batch 1
     assert short == long == expected
 
 
-def test_gradients_flow_through_every_mixer_parameter():
-    model = stateful_model().train()
+@pytest.mark.parametrize("short_conv_size", [0, 4])
+def test_gradients_flow_through_every_mixer_parameter(short_conv_size):
+    model = stateful_model(short_conv_size=short_conv_size).train()
     ids = torch.randint(0, 97, (2, 30))
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
         if ".mixer." in name:
             assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def test_short_conv_starts_as_identity_and_stays_causal():
+    ids = torch.randint(0, 97, (1, 40))
+    base = stateful_model(seed=5)
+    conv = HallamonicForCausalLM(tiny_config(short_conv_size=4)).eval()
+    missing, _ = conv.load_state_dict(base.state_dict(), strict=False)
+    assert sorted(missing) == [f"model.layers.{i}.mixer.short_conv.weight" for i in range(2)]
+    with torch.no_grad():
+        torch.testing.assert_close(conv(ids).logits, base(ids).logits)  # identity taps: the same model
+        for layer in conv.model.layers:
+            layer.mixer.short_conv.weight.normal_()
+        logits = conv(ids).logits
+        assert (logits - base(ids).logits).abs().max() > 1e-3
+        changed = ids.clone()
+        changed[0, 20] = (changed[0, 20] + 1) % 97
+        after = conv(changed).logits
+    torch.testing.assert_close(after[:, :20], logits[:, :20])  # nothing leaks from the future
+    assert (after[:, 20:24] - logits[:, 20:24]).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("flag", [{"hierarchy": False}, {"error_signal": False}, {"output_gate": True}])

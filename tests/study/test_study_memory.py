@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from hallamonic.study.memory import _predicted_mb, memory_wall
+from hallamonic.study.memory import _predicted, memory_wall
 from hallamonic.study.recipe import load_study_recipe
 
 
 def test_prediction_follows_the_measured_growth():
-    assert _predicted_mb([(1024, 10.0), (2048, 40.0)], 4096) == pytest.approx(160.0)  # quadratic
-    assert _predicted_mb([(1024, 10.0), (2048, 20.0)], 8192) == pytest.approx(80.0)  # linear
-    assert _predicted_mb([(1024, 10.0), (2048, 15.0)], 4096) == pytest.approx(30.0)  # at least linear
-    assert _predicted_mb([], 4096) is None
+    assert _predicted([(1024, 10.0), (2048, 40.0)], 4096) == pytest.approx(160.0)  # quadratic
+    assert _predicted([(1024, 10.0), (2048, 20.0)], 8192) == pytest.approx(80.0)  # linear
+    assert _predicted([(1024, 10.0), (2048, 15.0)], 4096) == pytest.approx(30.0)  # at least linear
+    assert _predicted([], 4096) is None
 
 
 def test_cpu_wall_measures_and_stops_at_the_limit(tmp_path):

@@ -47,7 +47,7 @@ def test_the_cpu_recipe_has_1_to_3m_parameter_models_and_contexts_256_to_2k():
         ("train.batch_tokens=1000", "multiple of every context"),
         ("train.tokens=10", "less than one step"),
         ("train.schedule=exponential", "one of"),
-        ("model.hidden_size=130", "multiple of `model.num_heads`"),
+        ("model.hidden_size=33", "multiple of `model.num_heads`"),
         ("data.test_fraction=0.99", "sum to less than 1"),
         ("model.param_tolerance=0", "(0, 1)"),
         ("train.lr=0", "train.lr"),

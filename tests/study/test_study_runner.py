@@ -117,3 +117,31 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     result = study(tmp_path / "x", [f"data.path={tmp_path / 'missing.txt'}"])
     assert result.exit_code == 2 and "does not exist" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_a_diverging_run_is_recorded_and_the_study_goes_on(tmp_path, tiny_overrides, monkeypatch):
+    real_loss = runner.next_token_loss
+
+    def nan_for_transformers(model, batch):
+        loss = real_loss(model, batch)
+        return loss * float("nan") if model.config.model_type == "llama" else loss
+
+    monkeypatch.setattr(runner, "next_token_loss", nan_for_transformers)
+    recipe = load_study_recipe("study-ci", tiny_overrides + ["models=[harmonic, transformer]", "contexts=[32]"])
+    results = runner.run_study(recipe, tmp_path, echo=lambda *_: None)
+    assert results["models"]["transformer"]["failed"] == {"32": "diverged"}
+    assert "32" in results["models"]["harmonic"]["bits"] and results["gap_percent"]["transformer"] == {}
+    assert "| transformer |" in (tmp_path / "results.md").read_text()
+
+
+def test_sessions_running_subsets_share_one_report(tmp_path, tiny_overrides):
+    """A GPU study split over sessions: each runs some models or contexts into one folder."""
+    quiet = {"echo": lambda *_: None}
+    runner.run_study(load_study_recipe("study-ci", tiny_overrides + ["models=[harmonic]", "contexts=[32]"]), tmp_path, **quiet)
+    results = runner.run_study(
+        load_study_recipe("study-ci", tiny_overrides + ["models=[transformer]", "contexts=[64]"]), tmp_path, resume=True, **quiet
+    )
+    assert set(results["models"]) == {"harmonic", "transformer"} and results["contexts"] == [32, 64]
+    assert set(results["models"]["harmonic"]["bits"]) == {"32"} and set(results["models"]["transformer"]["bits"]) == {"64"}
+    for entry in results["models"].values():  # validation bits are scored beside the test bits
+        assert entry["valid_bits"].keys() == entry["bits"].keys()

@@ -25,7 +25,9 @@ def test_baselines_are_fitted_within_tolerance_and_counts_are_real():
     assert archs["harmonic-raw-states"].config.error_signal is False
     assert archs["harmonic-output-gate"].config.output_gate is True
     assert archs["harmonic-output-gate"].params > archs["harmonic"].params  # an option with its own parameters
+    assert archs["harmonic-short-conv"].config.short_conv_size == SHAPE.short_conv_size > 0
     assert archs["harmonic"].config.hierarchy and archs["harmonic"].config.error_signal
+    assert archs["harmonic"].config.short_conv_size == 0
     assert not archs["harmonic"].config.output_gate
 
 
