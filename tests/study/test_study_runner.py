@@ -145,3 +145,24 @@ def test_sessions_running_subsets_share_one_report(tmp_path, tiny_overrides):
     assert set(results["models"]["harmonic"]["bits"]) == {"32"} and set(results["models"]["transformer"]["bits"]) == {"64"}
     for entry in results["models"].values():  # validation bits are scored beside the test bits
         assert entry["valid_bits"].keys() == entry["bits"].keys()
+
+
+def test_wikitext_with_a_tokenizer_reports_bits_per_token(tmp_path, enwik8_path):
+    """The WikiText setting: a local WikiText file, split by position, with the recipe's tokenizer."""
+    from hallamonic.tiny import build_tiny_tokenizer
+
+    wikitext = enwik8_path.parent / "wikitext2_raw_test.txt"
+    if not wikitext.is_file():
+        pytest.skip(f"needs {wikitext}")
+    build_tiny_tokenizer(400).save_pretrained(tmp_path / "tok")
+    recipe = load_study_recipe("study-ci", [
+        f"data.path={wikitext}", f"data.tokenizer={tmp_path / 'tok'}", "data.max_bytes=200000",
+        "models=[harmonic, transformer]", "contexts=[32]", "train.tokens=1024", "train.batch_tokens=256",
+        "eval.tokens=512", "model.hidden_size=16", "model.intermediate_size=48",
+    ])
+    results = runner.run_study(recipe, tmp_path / "out", echo=lambda *_: None)
+    assert results["unit"] == "bits per token"
+    vocab = json.loads((tmp_path / "out" / "runs" / "harmonic" / "ctx-32" / "config.json").read_text())["vocab_size"]
+    assert vocab >= 400
+    for entry in results["models"].values():
+        assert 0 < entry["bits"]["32"] < math.log2(vocab) + 1
