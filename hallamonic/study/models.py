@@ -94,6 +94,16 @@ def mamba_config(shape: StudyModelSection, vocab_size: int, hidden_size: int):
     )
 
 
+# Harmonic and its ablations / options: the harmonic_config flags each one sets.
+HARMONIC_VARIANTS = {
+    "harmonic": {},
+    "harmonic-no-hierarchy": {"hierarchy": False},
+    "harmonic-raw-states": {"error_signal": False},
+    "harmonic-output-gate": {"output_gate": True},
+    "harmonic-short-conv": {"short_conv": True},
+}
+
+
 def _fit(make, candidates: range, target: int) -> tuple[object, int]:
     """The config among ``make(c)`` whose parameter count is closest to ``target``.
 
@@ -106,9 +116,8 @@ def _fit(make, candidates: range, target: int) -> tuple[object, int]:
             lo = mid
         else:
             hi = mid
-    options = [(make(candidates[i]), None) for i in (lo, hi)]
-    options = [(config, count_parameters(config)) for config, _ in options]
-    return min(options, key=lambda pair: abs(pair[1] - target))
+    options = [make(candidates[i]) for i in (lo, hi)]
+    return min(((config, count_parameters(config)) for config in options), key=lambda pair: abs(pair[1] - target))
 
 
 def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[str], max_length: int) -> dict[str, Architecture]:
@@ -116,24 +125,12 @@ def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[s
 
     Raises ParameterMismatch when the closest fit is outside ``shape.param_tolerance``.
     """
-    base = harmonic_config(shape, vocab_size)
-    target = count_parameters(base)
+    target = count_parameters(harmonic_config(shape, vocab_size))
     archs: dict[str, Architecture] = {}
     for name in names:
-        if name == "harmonic":
-            config, params = base, target
-        elif name == "harmonic-no-hierarchy":
-            config = harmonic_config(shape, vocab_size, hierarchy=False)
-            params = count_parameters(config)
-        elif name == "harmonic-raw-states":
-            config = harmonic_config(shape, vocab_size, error_signal=False)
-            params = count_parameters(config)
-        elif name == "harmonic-output-gate":
-            config = harmonic_config(shape, vocab_size, output_gate=True)
-            params = count_parameters(config)
-        elif name == "harmonic-short-conv":
-            config = harmonic_config(shape, vocab_size, short_conv=True)
-            params = count_parameters(config)
+        if name in HARMONIC_VARIANTS:  # flags of one model: same count, or an option's own parameters
+            config = harmonic_config(shape, vocab_size, **HARMONIC_VARIANTS[name])
+            params = target if name == "harmonic" else count_parameters(config)
         elif name == "transformer":
             widths = range(8, 16 * shape.intermediate_size + 8, 8)
             config, params = _fit(lambda w: transformer_config(shape, vocab_size, w, max_length), widths, target)
@@ -142,7 +139,7 @@ def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[s
             config, params = _fit(lambda w: mamba_config(shape, vocab_size, w), widths, target)
         else:
             raise ValueError(f"unknown architecture {name!r}")
-        if name in ("transformer", "mamba") and abs(params - target) > shape.param_tolerance * target:
+        if name not in HARMONIC_VARIANTS and abs(params - target) > shape.param_tolerance * target:
             raise ParameterMismatch(
                 f"{name}: closest size has {params:,} parameters vs Harmonic's {target:,} "
                 f"({100 * (params / target - 1):+.1f}%, tolerance {100 * shape.param_tolerance:.0f}%); change the model shape"

@@ -32,7 +32,7 @@ from hallamonic.convert.recipe import CheckpointSection, PhaseSection, RecipeErr
 from hallamonic.convert.trainer import MetricsLog, TrainingDiverged, run_phase
 from hallamonic.evaluation.scoring import is_out_of_memory, score_tokens
 from hallamonic.study.data import StudyCorpus, load_study_corpus
-from hallamonic.study.models import Architecture, build_architectures
+from hallamonic.study.models import Architecture, build_architectures, count_parameters, harmonic_config
 from hallamonic.study.recipe import ARCHITECTURES, StudyRecipe
 from hallamonic.study.report import write_report
 
@@ -240,7 +240,7 @@ def run_study(recipe: StudyRecipe, out: Path, *, resume: bool = False, overwrite
             raise DataError(f"the training split has {len(corpus.train)} tokens, fewer than one context of {context}")
     archs = build_architectures(recipe.model, corpus.vocab_size, recipe.models, max(recipe.contexts))
     covered = _prepare_output(recipe, out, resume, overwrite)
-    target = build_architectures(recipe.model, corpus.vocab_size, ["harmonic"], max(recipe.contexts))["harmonic"].params
+    target = count_parameters(harmonic_config(recipe.model, corpus.vocab_size))
     echo(f"{corpus.source}: {len(corpus.train):,} train / {len(corpus.valid):,} valid / {len(corpus.test):,} test tokens ({corpus.unit})")
     for name, arch in archs.items():
         echo(f"  {name:24s} {arch.params:>12,} parameters ({100 * (arch.params / target - 1):+.1f}% vs harmonic)  [{implementation(arch)}]")
