@@ -33,7 +33,19 @@ class HallamonicConfig(PreTrainedConfig):
             stream before the levels (identity at initialisation; its last k-1 inputs are carried
             in the recurrent state). An option beyond the seed design, like Mamba's conv1d. Padding
             must be on the left (as for generation): padded positions enter the conv as zeros.
-        value_bias / output_bias: biases on ``v_proj`` / ``o_proj`` (Qwen2 has a v bias).
+        state_size: N, the numbers each level keeps per value channel. 1 (the default) is the diagonal
+            block: one leaky average per channel, read back unchanged. N > 1 is the expanded,
+            selective state: per head, every level holds a (head_dim, N) matrix written through a
+            write vector k_t = ``state_write(x_t)`` (``num_key_value_heads`` heads, repeated like GQA)
+            and read through q_t = ``state_read(x_t)`` (``num_attention_heads`` heads), both shared by
+            the levels: y_l = S_l q_t / sqrt(N) takes h_l's place everywhere downstream. With N =
+            head_dim the two maps have the shapes of the teacher's ``k_proj`` / ``q_proj``, so a
+            converted block starts as a gated linear attention over the teacher's queries and keys.
+        recompute_mixer: in training, keep only each block's input and recompute the block in the
+            backward pass (activation checkpointing of the mixer): training memory per token drops to
+            a few hidden-size vectors per layer for about one extra mixer forward.
+        value_bias / output_bias: biases on ``v_proj`` / ``o_proj`` (Qwen2 has a v bias); ``value_bias``
+            also puts biases on ``state_write`` / ``state_read`` (Qwen2's k / q biases).
         forward_chunk_size: when > 0, forward processes long inputs in chunks of this many tokens,
             carrying the recurrent states, so activation memory depends on the chunk, not the length.
         base_model_name_or_path: the teacher this model was converted from (for evaluations).
@@ -65,6 +77,8 @@ class HallamonicConfig(PreTrainedConfig):
         output_gate: bool = False,
         output_gate_rank: int | None = None,
         short_conv_size: int = 0,
+        state_size: int = 1,
+        recompute_mixer: bool = False,
         forward_chunk_size: int = 0,
         base_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
@@ -96,6 +110,8 @@ class HallamonicConfig(PreTrainedConfig):
         self.output_gate = output_gate
         self.output_gate_rank = output_gate_rank if output_gate_rank is not None else default_rank
         self.short_conv_size = short_conv_size
+        self.state_size = state_size
+        self.recompute_mixer = recompute_mixer
         self.forward_chunk_size = forward_chunk_size
         self.base_model_name_or_path = base_model_name_or_path
         self.tie_word_embeddings = tie_word_embeddings
@@ -116,6 +132,11 @@ class HallamonicConfig(PreTrainedConfig):
         return self.num_attention_heads * self.head_dim
 
     @property
+    def selective(self) -> bool:
+        """Whether levels keep an expanded (channels x state_size) state with read/write maps."""
+        return self.state_size > 1
+
+    @property
     def level_bands(self) -> list[list[float]]:
         """The timescale band each level is initialised in (all equal when hierarchy is off)."""
         if self.hierarchy:
@@ -132,7 +153,7 @@ class HallamonicConfig(PreTrainedConfig):
 
         for name in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "gate_rank", "predictor_rank", "output_gate_rank",
+            "num_key_value_heads", "head_dim", "state_size", "gate_rank", "predictor_rank", "output_gate_rank",
         ):
             positive_int(name)
         if self.num_attention_heads % self.num_key_value_heads:

@@ -12,8 +12,14 @@ with GQA heads repeated) and runs three diagonal recurrences, fast to slow:
 * ``(1 - a) * u`` makes every state a leaky average: bounded at any length, no positions anywhere.
 * Output: o_proj(h_1 + h_2 + h_3), optionally gated; v optionally passes a short causal conv first.
 
+With ``state_size`` N > 1 every level's state is expanded and selective: per head a (head_dim, N)
+matrix S_l(t) = a_l(t) S_l(t-1) + (1 - a_l(t)) u_l(t) ⊗ k_t, read as y_l(t) = S_l(t) q_t / sqrt(N),
+where k_t = state_write(x_t) and q_t = state_read(x_t) are shared by the levels; y_l takes h_l's
+place everywhere above (predictors, errors, the sum into o_proj). The current token thereby chooses
+what to store and what to retrieve (``hallamonic_selective_scan.py``).
+
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
-one (batch, levels [+ conv taps - 1], channels) fp32 state per layer in a linear-attention cache.
+one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache.
 
 This file is the remote code shipped inside every checkpoint: it imports only torch, transformers,
 the standard library and its siblings, and does no I/O.
@@ -26,6 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -35,6 +42,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from .configuration_hallamonic import HallamonicConfig
 from .hallamonic_scan import scan, scan_step
+from .hallamonic_selective_scan import MAX_DECAY_RATE, selective_scan, selective_step
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,6 +91,14 @@ class HallamonicMLP(nn.Module):
 
 class ZeroInitLinear(nn.Linear):
     """A Linear initialised to zero, so a low-rank branch starts as an exact no-op."""
+
+
+class StateMap(nn.Linear):
+    """A write (key-like) or read (query-like) map of the selective state.
+
+    From scratch its weights start at std 1/sqrt(hidden), so on a unit-RMS input every entry of
+    k_t and q_t has unit variance and q_t . k_s / sqrt(N) starts O(1), like attention's scores.
+    """
 
 
 class TimescaleLinear(nn.Linear):
@@ -185,6 +201,10 @@ class HarmonicBlock(nn.Module):
         self.output_gate = (
             LowRank(config.hidden_size, config.output_gate_rank, width) if config.output_gate else None
         )
+        self.state_size = config.state_size
+        if config.state_size > 1:  # the expanded, selective state: shapes of k_proj / q_proj at N = head_dim
+            self.state_write = StateMap(config.hidden_size, config.num_key_value_heads * config.state_size, bias=config.value_bias)
+            self.state_read = StateMap(config.hidden_size, config.num_attention_heads * config.state_size, bias=config.value_bias)
         kv_width = config.num_key_value_heads * config.head_dim
         self.short_conv = ShortConv(kv_width, config.short_conv_size) if config.short_conv_size > 0 else None
 
@@ -214,8 +234,9 @@ class HarmonicBlock(nn.Module):
         """
         Args:
             x: (B, L, hidden) the normalised residual stream.
-            state: (B, levels [+ taps - 1], D) fp32 states before x, or None for zeros; with a short
-                conv, the rows after the levels hold its last inputs (first kv-width channels).
+            state: fp32 states before x, or None for zeros: (B, levels [+ taps - 1], D) when
+                ``state_size`` is 1, (B, levels [+ taps - 1], D, N) otherwise. With a short conv, the
+                rows after the levels hold its last inputs (first kv-width channels, state index 0).
             mask: (B, L) bool, False at padding: there the state neither decays nor takes input.
         Returns:
             y: (B, L, hidden) and the new state, shaped like ``state``.
@@ -225,22 +246,17 @@ class HarmonicBlock(nn.Module):
         if self.short_conv is not None:
             if mask is not None:  # padding enters the conv as zeros (left padding: a fresh start)
                 v = v * mask.unsqueeze(-1).to(v.dtype)
-            carried = state[:, self.num_levels :, : v.shape[-1]] if state is not None else None
+            carried = self._conv_rows(state)
             v, tail = self.short_conv(v, carried)  # (B, L, Dkv), (B, taps-1, Dkv)
         below = self._repeat_kv(v)  # h_0 = v: (B, L, D)
+        maps = self._state_maps(x) if self.state_size > 1 else None
         level_input = below
         total = None
         finals = []
         for level, gate in enumerate(self.gates):
             log_a = gate(level_input)  # (B, L, D) fp32
-            a = log_a.exp()
-            b = -torch.expm1(log_a) * level_input.float()  # (1 - a) * u, exact for a near 1
-            if mask is not None:
-                keep = mask.unsqueeze(-1)  # (B, L, 1)
-                a = torch.where(keep, a, torch.ones_like(a))
-                b = torch.where(keep, b, torch.zeros_like(b))
-            h = self._recur(a, b, state[:, level] if state is not None else None)  # (B, L, D) fp32
-            finals.append(h[:, -1])
+            h, final = self._level(log_a, level_input, maps, state[:, level] if state is not None else None, mask)
+            finals.append(final)
             total = h if total is None else total + h
             if level + 1 < self.num_levels:
                 h_low = h.to(x.dtype)
@@ -249,23 +265,80 @@ class HarmonicBlock(nn.Module):
         mixed = total.to(x.dtype)  # (B, L, D)
         if self.output_gate is not None:
             mixed = mixed * (2.0 * torch.sigmoid(self.output_gate(x)))
-        new_state = torch.stack(finals, dim=1)  # (B, levels, D) fp32
+        new_state = torch.stack(finals, dim=1)  # (B, levels, D [, N]) fp32
         if tail is not None:
-            tail = F.pad(tail.float(), (0, new_state.shape[-1] - tail.shape[-1]))  # (B, taps-1, D)
-            new_state = torch.cat([new_state, tail], dim=1)
+            rows = new_state.new_zeros(new_state.shape[0], tail.shape[1], *new_state.shape[2:])
+            if self.state_size > 1:
+                rows[:, :, : tail.shape[-1], 0] = tail.float()
+            else:
+                rows[:, :, : tail.shape[-1]] = tail.float()
+            new_state = torch.cat([new_state, rows], dim=1)
         return self.o_proj(mixed), new_state
+
+    def _conv_rows(self, state: torch.Tensor | None) -> torch.Tensor | None:
+        """The short conv's carried inputs (B, taps-1, Dkv) from the rows after the levels."""
+        if state is None:
+            return None
+        rows = state[:, self.num_levels :]
+        rows = rows[..., 0] if self.state_size > 1 else rows
+        return rows[:, :, : self.v_proj.out_features]
+
+    def _state_maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write and read vectors of every head, shared by the levels: (B, L, H, N) each, fp32."""
+        batch, length, _ = x.shape
+        write = self.state_write(x).view(batch, length, self.num_kv_heads, 1, self.state_size)
+        write = write.expand(-1, -1, -1, self.kv_groups, -1).reshape(batch, length, -1, self.state_size)
+        read = self.state_read(x).view(batch, length, -1, self.state_size) * self.state_size**-0.5
+        return write.float(), read.float()
+
+    def _level(self, log_a, level_input, maps, state, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """One level's recurrence: its outputs (B, L, D) fp32 and final state (B, D [, N]) fp32."""
+        if maps is None:  # state_size 1: h itself is the output
+            a = log_a.exp()
+            b = -torch.expm1(log_a) * level_input.float()  # (1 - a) * u, exact for a near 1
+            if mask is not None:
+                keep = mask.unsqueeze(-1)  # (B, L, 1)
+                a = torch.where(keep, a, torch.ones_like(a))
+                b = torch.where(keep, b, torch.zeros_like(b))
+            h = self._recur(a, b, state)  # (B, L, D) fp32
+            return h, h[:, -1]
+        log_a = log_a.clamp_min(-MAX_DECAY_RATE)  # the chunked path's range (a >= 0.05)
+        b = -torch.expm1(log_a) * level_input.float()  # (B, L, D)
+        if mask is not None:
+            keep = mask.unsqueeze(-1)
+            log_a = torch.where(keep, log_a, torch.zeros_like(log_a))
+            b = torch.where(keep, b, torch.zeros_like(b))
+        batch, length, width = b.shape
+        heads = width // self.head_dim
+        split = lambda t: t.view(batch, length, heads, self.head_dim)  # noqa: E731 - (B, L, H, P)
+        write, read = maps
+        prev = state.view(batch, heads, self.head_dim, self.state_size) if state is not None else None
+        if length == 1:  # one generated token: a single step, no chunk machinery
+            zero = torch.zeros(batch, heads, self.head_dim, self.state_size, device=b.device)
+            new, y = selective_step(split(b)[:, 0], split(log_a)[:, 0], write[:, 0], read[:, 0], prev if prev is not None else zero)
+            y = y.unsqueeze(1)
+        else:
+            y, new = selective_scan(split(b), split(log_a), write, read, prev)  # (B, L, H, P), (B, H, P, N)
+        return y.reshape(batch, length, width), new.reshape(batch, width, self.state_size)
 
     # ---- initialisation from the attention this block replaces ----------------------------
     @torch.no_grad()
     def init_from_attention(self, attention: nn.Module) -> None:
         """Copy v_proj and o_proj from a Llama/Mistral/Qwen2 attention module (GQA kept as is:
-        the value stream repeats kv heads at run time exactly like ``repeat_kv``)."""
-        for name in ("v_proj", "o_proj"):
-            source, target = getattr(attention, name), getattr(self, name)
+        the value stream repeats kv heads at run time exactly like ``repeat_kv``); with the expanded
+        state also k_proj -> ``state_write`` and q_proj -> ``state_read`` (no RoPE), so the block
+        starts as a decayed linear attention over the teacher's own queries, keys and values."""
+        pairs = [("v_proj", "v_proj"), ("o_proj", "o_proj")]
+        if self.state_size > 1:
+            pairs += [("k_proj", "state_write"), ("q_proj", "state_read")]
+        for source_name, target_name in pairs:
+            source, target = getattr(attention, source_name), getattr(self, target_name)
             if source.weight.shape != target.weight.shape:
+                hint = " (the expanded state starts from the teacher's keys and queries only when state_size == head_dim)"
                 raise ValueError(
-                    f"init_from_attention: {name} has shape {tuple(source.weight.shape)}, "
-                    f"the HarmonicBlock expects {tuple(target.weight.shape)}"
+                    f"init_from_attention: {source_name} has shape {tuple(source.weight.shape)}, "
+                    f"the HarmonicBlock's {target_name} expects {tuple(target.weight.shape)}"
+                    + (hint if target_name.startswith("state_") else "")
                 )
             target.weight.copy_(source.weight)
             if target.bias is not None:
@@ -285,6 +358,7 @@ class HallamonicDecoderLayer(GradientCheckpointingLayer):
         super().__init__()
         self.input_layernorm = HallamonicRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mixer = HarmonicBlock(config, layer_idx)
+        self.recompute_mixer = config.recompute_mixer
         self.post_attention_layernorm = HallamonicRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = HallamonicMLP(config)
 
@@ -294,7 +368,12 @@ class HallamonicDecoderLayer(GradientCheckpointingLayer):
         state: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        mixed, new_state = self.mixer(self.input_layernorm(hidden_states), state, mask)
+        normed = self.input_layernorm(hidden_states)
+        if self.recompute_mixer and self.training and torch.is_grad_enabled():
+            # Keep only the block's input; rebuild its activations in the backward pass.
+            mixed, new_state = checkpoint(self.mixer, normed, state, mask, use_reentrant=False)
+        else:
+            mixed, new_state = self.mixer(normed, state, mask)
         hidden_states = hidden_states + mixed
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states, new_state
@@ -319,6 +398,10 @@ class HallamonicPreTrainedModel(PreTrainedModel):
         elif isinstance(module, TimescaleLinear):
             init.zeros_(module.weight)  # gates start data-independent, at their band's timescales
             init.copy_(module.bias, module.timescale_bias())
+        elif isinstance(module, StateMap):
+            init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
+            if module.bias is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, ZeroInitLinear):
             init.zeros_(module.weight)
             if module.bias is not None:

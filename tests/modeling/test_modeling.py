@@ -38,10 +38,16 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
     return model
 
 
-@pytest.fixture(scope="module", params=[0, 4], ids=["plain", "short-conv"])
+@pytest.fixture(
+    scope="module",
+    params=[(0, 1), (4, 1), (0, 8), (4, 8)],
+    ids=["plain", "short-conv", "selective", "selective-short-conv"],
+)
 def model(request) -> HallamonicForCausalLM:
-    """Every state test runs without and with the short conv (whose inputs are carried state too)."""
-    return stateful_model(short_conv_size=request.param)
+    """Every state test runs without and with the short conv (whose inputs are carried state too),
+    with the diagonal state (N = 1) and the expanded selective one (N = head_dim = 8)."""
+    short_conv_size, state_size = request.param
+    return stateful_model(short_conv_size=short_conv_size, state_size=state_size)
 
 
 def test_state_drives_the_logits(model):
@@ -141,14 +147,15 @@ def test_cache_size_is_constant_in_generated_length(model):
 
     short, long = cache_bytes(10), cache_bytes(2000)
     rows = 3 + max(model.config.short_conv_size - 1, 0)  # levels (+ the conv's carried inputs)
-    expected = 2 * rows * 32 * 4  # layers * rows * channels (4 heads x 8) * fp32 bytes, batch 1
+    expected = 2 * rows * 32 * model.config.state_size * 4  # layers * rows * channels (4 heads x 8) * N * fp32 bytes
     assert short == long == expected
 
 
+@pytest.mark.parametrize("state_size", [1, 8])
 @pytest.mark.parametrize("short_conv_size", [0, 4])
-def test_gradients_flow_through_every_mixer_parameter(short_conv_size):
-    model = stateful_model(short_conv_size=short_conv_size).train()
-    ids = torch.randint(0, 97, (2, 30))
+def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size):
+    model = stateful_model(short_conv_size=short_conv_size, state_size=state_size).train()
+    ids = torch.randint(0, 97, (2, 45))
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
         if ".mixer." in name:
@@ -269,3 +276,39 @@ def test_long_sequence_is_finite_in_fp32_and_bf16():
         for dtype in (torch.float32, torch.bfloat16):
             logits = model.to(dtype)(ids, use_cache=False, chunk_size=2048, logits_to_keep=16).logits
             assert logits.shape == (1, 16, 97) and torch.isfinite(logits.float()).all()
+
+
+def test_checkpoint_from_before_state_size_loads_with_identical_logits():
+    """A diagonal-state checkpoint saved by the code before ``state_size`` existed (its config has no
+    such key) loads as ``state_size = 1`` and gives the logits that code computed."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "data" / "diagonal-v0"
+    assert "state_size" not in json.loads((folder / "config.json").read_text())
+    expected = json.loads((folder / "expected.json").read_text())
+    model = HallamonicForCausalLM.from_pretrained(folder).eval()
+    assert model.config.state_size == 1
+    with torch.no_grad():
+        logits = model(torch.tensor(expected["input_ids"])).logits[0]
+    torch.testing.assert_close(logits, torch.tensor(expected["logits"]), atol=1e-5, rtol=1e-5)
+
+
+def test_selective_state_is_a_decayed_linear_attention():
+    """With one constant decay and one level, an expanded block is y_t = sum_s (1-a) a^(t-s) (q_t.k_s/sqrt N) v_s."""
+    config = tiny_config(state_size=8, timescale_bands=[[4.0, 4.0]])
+    torch.manual_seed(1)
+    block = HarmonicBlock(config).eval()
+    HallamonicForCausalLM(config)._init_weights(block.gates[0].up)
+    x = torch.randn(2, 37, 32)
+    with torch.no_grad():
+        y, _ = block(x)
+        a = math.exp(-1 / 4.0)
+        v = block.value_stream(x).view(2, 37, 4, 8)  # (B, L, H, P)
+        k = block.state_write(x).view(2, 37, 2, 1, 8).expand(-1, -1, -1, 2, -1).reshape(2, 37, 4, 8)
+        q = block.state_read(x).view(2, 37, 4, 8)
+        scores = torch.einsum("bthn,bshn->bhts", q, k) / math.sqrt(8)  # (B, H, L, L)
+        t = torch.arange(37)
+        weights = (1 - a) * a ** (t[:, None] - t[None, :]).clamp_min(0).double() * (t[:, None] >= t[None, :])
+        mixed = torch.einsum("bhts,bshp->bthp", scores * weights.float(), v).reshape(2, 37, 32)
+        torch.testing.assert_close(y, block.o_proj(mixed), atol=1e-5, rtol=1e-4)

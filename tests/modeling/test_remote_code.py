@@ -19,6 +19,7 @@ REMOTE_FILES = {
     "modeling_hallamonic.py",
     "hallamonic_scan.py",
     "hallamonic_scan_triton.py",
+    "hallamonic_selective_scan.py",
 }
 
 # Runs in a clean interpreter where `hallamonic` cannot be imported (see tests/conftest.py).
@@ -40,12 +41,12 @@ json.dump(result, open(out_path, "w"))
 """
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
+@pytest.fixture(scope="module", params=[1, 8], ids=["diagonal", "selective"])
+def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
     torch.manual_seed(0)
     config = HallamonicConfig(
         vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=True, output_gate=True,
+        num_key_value_heads=2, tie_word_embeddings=True, output_gate=True, state_size=request.param,
     )
     model = HallamonicForCausalLM(config).eval()
     with torch.no_grad():

@@ -1,0 +1,99 @@
+"""The selective scan's fast path against its plain-loop reference twin: outputs, final states and
+every gradient, on odd shapes, length 1, decays near 0 and near 1, fp32 / bf16, with and without an
+initial state; and the one-step update used by generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hallamonic.modeling.hallamonic_selective_scan import (
+    CHUNK,
+    MAX_DECAY_RATE,
+    chunked_selective_scan,
+    reference_selective_scan,
+    selective_scan,
+    selective_step,
+)
+
+
+def inputs(batch, length, heads, channels, state, decay, dtype, initial, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    if decay == "near-1":
+        log_a = -torch.rand(batch, length, heads, channels, generator=generator) * 1e-3
+    elif decay == "near-0":
+        log_a = -MAX_DECAY_RATE + torch.rand(batch, length, heads, channels, generator=generator) * 0.1
+    else:
+        log_a = -torch.rand(batch, length, heads, channels, generator=generator) * MAX_DECAY_RATE
+    tensors = [rand(batch, length, heads, channels), log_a, rand(batch, length, heads, state), rand(batch, length, heads, state)]
+    tensors = [t.to(dtype).requires_grad_() for t in tensors]
+    h0 = rand(batch, heads, channels, state).requires_grad_() if initial else None
+    return tensors, h0
+
+
+def run(fn, tensors, h0, seed=1):
+    y, final = fn(*tensors, h0)
+    generator = torch.Generator().manual_seed(seed)
+    weight_y = torch.randn(y.shape, generator=generator)
+    weight_s = torch.randn(final.shape, generator=generator)
+    loss = (y.float() * weight_y).sum() + (final.float() * weight_s).sum()
+    wrt = tensors + ([h0] if h0 is not None else [])
+    grads = torch.autograd.grad(loss, wrt)
+    return y.float(), final.float(), [g.float() for g in grads]
+
+
+@pytest.mark.parametrize("length", [1, 7, CHUNK, CHUNK + 1, 3 * CHUNK - 5])
+@pytest.mark.parametrize("shape", [(1, 1, 4, 3), (2, 3, 5, 7)], ids=["b1h1", "b2h3"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero-state", "initial-state"])
+def test_chunked_matches_reference(length, shape, initial):
+    batch, heads, channels, state = shape
+    tensors, h0 = inputs(batch, length, heads, channels, state, "any", torch.float64, initial)
+    ref = run(reference_selective_scan, tensors, h0)
+    fast = run(chunked_selective_scan, tensors, h0)
+    torch.testing.assert_close(fast[0], ref[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fast[1], ref[1], atol=1e-4, rtol=1e-4)
+    for got, want in zip(fast[2], ref[2]):
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("decay", ["near-0", "near-1"])
+def test_extreme_decays(decay):
+    tensors, h0 = inputs(2, 2 * CHUNK + 3, 2, 4, 6, decay, torch.float32, True)
+    ref = run(reference_selective_scan, tensors, h0)
+    fast = run(chunked_selective_scan, tensors, h0)
+    for got, want in zip([fast[0], fast[1], *fast[2]], [ref[0], ref[1], *ref[2]]):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+def test_bf16_inputs_accumulate_in_fp32():
+    tensors, h0 = inputs(1, 100, 2, 4, 8, "near-1", torch.bfloat16, False)
+    y, final = chunked_selective_scan(*tensors, h0)
+    assert y.dtype == torch.float32 and final.dtype == torch.float32
+    exact_y, exact_final = reference_selective_scan(*[t.double() for t in tensors], None)
+    torch.testing.assert_close(y.double(), exact_y.double(), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(final.double(), exact_final.double(), atol=1e-3, rtol=1e-3)
+
+
+def test_steps_continue_a_scan():
+    """Prefill with the chunked path, then single steps: the same outputs as one pass."""
+    tensors, _ = inputs(2, 45, 3, 4, 5, "any", torch.float32, False)
+    with torch.no_grad():
+        full, _ = chunked_selective_scan(*tensors)
+        y, state = chunked_selective_scan(*[t[:, :30] for t in tensors])
+        steps = [y]
+        for t in range(30, 45):
+            state, y_t = selective_step(*[x[:, t] for x in tensors], state)
+            steps.append(y_t.unsqueeze(1))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_inputs_are_clear_errors():
+    tensors, _ = inputs(1, 5, 2, 3, 4, "any", torch.float32, False)
+    with pytest.raises(ValueError, match="initial_state"):
+        selective_scan(*tensors, torch.zeros(1, 2, 3, 5))
+    with pytest.raises(ValueError, match="write"):
+        selective_scan(tensors[0], tensors[1], tensors[2][..., :2], tensors[3])
+    with pytest.raises(ValueError, match="backend"):
+        selective_scan(*tensors, backend="cuda")
