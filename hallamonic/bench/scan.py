@@ -292,6 +292,9 @@ if typer is not None:
     from hallamonic.bench.model import model_command  # noqa: E402
 
     app.command("model", help="Decode latency, memory and prefill time vs context: Hallamonic vs Llama.")(model_command)
+    from hallamonic.bench.block import block_command  # noqa: E402
+
+    app.command("block", help="One mixer's forward+backward time and saved memory: HarmonicBlock by state size vs attention.")(block_command)
 
     @app.command("scan")
     def scan_command(

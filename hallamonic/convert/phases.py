@@ -56,6 +56,19 @@ def capture_attention_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[l
     return inputs, outputs  # type: ignore[return-value]
 
 
+@torch.no_grad()
+def attention_transfer_errors(student: nn.Module, teacher: nn.Module, input_ids: torch.Tensor) -> list[float]:
+    """Per layer, the block's MSE to the teacher's attention output divided by that output's mean
+    square (phase 1's loss, measured): 1.0 is no better than predicting zeros."""
+    inputs, targets = capture_attention_io(teacher, input_ids)
+    errors = []
+    for layer, x, y in zip(student.model.layers, inputs, targets):
+        prediction, _ = layer.mixer(x.to(layer.mixer.v_proj.weight.dtype))
+        y = y.float()
+        errors.append(((prediction.float() - y).pow(2).mean() / y.pow(2).mean().clamp_min(1e-12)).item())
+    return errors
+
+
 def phase1_loss(teacher: nn.Module):
     """Loss function of phase 1 for the trainer: mean normalised MSE over layers."""
 

@@ -26,7 +26,7 @@ import torch
 
 from hallamonic.convert.checkpoint import latest_checkpoint, load_checkpoint
 from hallamonic.convert.data import DataError, PackedBatches, is_heldout, iter_documents, tokenize_stream
-from hallamonic.convert.phases import MixerStack, phase1_loss, phase2_loss
+from hallamonic.convert.phases import MixerStack, attention_transfer_errors, phase1_loss, phase2_loss
 from hallamonic.convert.recipe import Recipe, recipe_to_yaml
 from hallamonic.convert.surgery import build_student, calibrate_blocks, parameter_counts
 from hallamonic.convert.trainer import MetricsLog, PhaseResult, run_phase
@@ -183,11 +183,14 @@ def convert(
         _save_tokens(tokens, out)
     accelerator.wait_for_everyone()
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
+    probe, probe_source = _transfer_probe(recipe, tokens, tokenizer)
+    transfer = {"surgery": attention_transfer_errors(student, teacher, probe.to(accelerator.device))}
     if recipe.harmonic.calibrate_norms:
         sample = PackedBatches(tokens, recipe.phase1.seq_len, seed=recipe.seed).sequences[:2].to(accelerator.device)
-        stats = calibrate_blocks(student, teacher, sample)
-        mean_error = sum(s["normalised_mse"] for s in stats) / len(stats)
-        accelerator.print(f"calibrated {len(stats)} HarmonicBlocks on real text: normalised MSE to attention {mean_error:.3f}")
+        calibrate_blocks(student, teacher, sample)
+        transfer["calibrated"] = attention_transfer_errors(student, teacher, probe.to(accelerator.device))
+    for stage, errors in transfer.items():
+        accelerator.print(f"attention transfer after {stage}: mean normalised MSE {sum(errors) / len(errors):.3f} ({probe_source})")
     counts = parameter_counts(teacher, student)
     accelerator.print(
         f"teacher {counts['teacher']:,} parameters -> student {counts['student']:,} "
@@ -197,6 +200,7 @@ def convert(
     trainable = {name: p for name, p in student.named_parameters() if p.requires_grad}
     results: list[PhaseResult] = []
 
+    phase1_done = False
     if "phase1" in phases and recipe.phase1.steps > 0:
         stack = MixerStack([layer.mixer for layer in student.model.layers], normalize=recipe.phase1.normalize)
         results.append(
@@ -208,8 +212,12 @@ def convert(
                 checkpoint_root=_phase_checkpoints(out, "phase1"), log=log, resume=resume,
             )
         )
+        phase1_done = True
     elif "phase2" in phases:
-        _restore_finished_phase(student, out, "phase1")
+        phase1_done = _restore_finished_phase(student, out, "phase1")
+    if phase1_done:
+        transfer["phase1"] = attention_transfer_errors(student, teacher, probe.to(accelerator.device))
+        accelerator.print(f"attention transfer after phase1: mean normalised MSE {sum(transfer['phase1']) / len(transfer['phase1']):.3f}")
 
     if "phase2" in phases and recipe.phase2.steps > 0:
         results.append(_run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume))
@@ -222,10 +230,12 @@ def convert(
         "wall_seconds": time.perf_counter() - began,
         "hardware": _hardware(accelerator),
         "processes": accelerator.num_processes,
+        "attention_transfer": {"sample": probe_source, "normalised_mse": transfer},
     }
     if accelerator.is_main_process:
         student.eval()
         report["heldout"] = _evaluate_for_card(recipe, teacher, student, tokenizer)
+        report["continuations"] = _greedy_continuations(recipe, teacher, student, tokenizer)
         export(student, tokenizer, teacher, out, recipe, report)
         _plot_losses(out / "training" / "metrics.jsonl", out / "training" / "loss.png")
     accelerator.wait_for_everyone()
@@ -265,6 +275,38 @@ def _hardware(accelerator) -> str:
     if torch.cuda.is_available():
         return f"{accelerator.num_processes} x {torch.cuda.get_device_name(0)}"
     return f"{accelerator.num_processes} process(es) on CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _transfer_probe(recipe: Recipe, tokens, tokenizer) -> tuple[torch.Tensor, str]:
+    """Two phase-1-length sequences to measure attention transfer on: held-out text when the
+    source has held-out documents (never trained on), else the start of the training stream."""
+    length = recipe.phase1.seq_len
+    if recipe.data.heldout_fraction > 0:
+        texts = _heldout_texts(recipe, max_chars=2 * length * 8)
+        ids = [i for text in texts for i in tokenizer(text, add_special_tokens=False).input_ids]
+        if len(ids) >= 2 * length:
+            return torch.tensor(ids[: 2 * length]).view(2, length), f"2 x {length} held-out tokens"
+    return PackedBatches(tokens, length, seed=recipe.seed).sequences[:2], f"2 x {length} training tokens"
+
+
+CONTINUATION_PROMPT = "The water cycle describes how water moves between the oceans, the air and the land. First,"
+
+
+@torch.no_grad()
+def _greedy_continuations(recipe: Recipe, teacher, student, tokenizer, new_tokens: int = 32) -> dict:
+    """A short greedy continuation of one fixed prompt by teacher and converted model (model card)."""
+    if recipe.eval.max_windows == 0:
+        return {}
+    ids = tokenizer(CONTINUATION_PROMPT, return_tensors="pt").input_ids
+    result = {"prompt": CONTINUATION_PROMPT}
+    for name, model in (("teacher", teacher), ("converted", student)):
+        device = next(model.parameters()).device
+        output = model.generate(
+            ids.to(device), attention_mask=torch.ones_like(ids).to(device), max_new_tokens=new_tokens,
+            do_sample=False, pad_token_id=tokenizer.eos_token_id,
+        )
+        result[name] = tokenizer.decode(output[0, ids.shape[1] :], skip_special_tokens=True)
+    return result
 
 
 def _evaluate_for_card(recipe: Recipe, teacher, student, tokenizer) -> dict:
@@ -354,6 +396,33 @@ def model_card(recipe: Recipe, report: dict) -> str:
             cells = [f"{result['bits_per_token'][str(n)]:.3f}" if str(n) in result["bits_per_token"] else "n/a" for n in lengths]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines += ["", f"Held-out documents of the training source; tokens scored: {heldout.get('converted', {}).get('tokens')}."]
+    transfer = report.get("attention_transfer") or {}
+    if transfer.get("normalised_mse"):
+        lines += [
+            "",
+            "## Attention transfer",
+            "",
+            f"Per-layer MSE of each HarmonicBlock to its teacher attention's output, divided by that output's mean square "
+            f"(1.0 = predicting zeros), on {transfer['sample']}:",
+            "",
+            "| stage | mean | best layer | worst layer |",
+            "|---|---|---|---|",
+        ]
+        for stage, errors in transfer["normalised_mse"].items():
+            lines.append(f"| {stage} | {sum(errors) / len(errors):.3f} | {min(errors):.3f} | {max(errors):.3f} |")
+    continuations = report.get("continuations") or {}
+    if continuations:
+        quote = lambda text: text.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        lines += [
+            "",
+            "## Greedy continuation",
+            "",
+            f"Prompt: *{quote(continuations['prompt'])}*",
+            "",
+            "| teacher | converted |",
+            "|---|---|",
+            f"| {quote(continuations['teacher'])} | {quote(continuations['converted'])} |",
+        ]
     lines += [
         "",
         "Phase 1 loss is the per-layer MSE to the teacher's attention output divided by its mean square; "

@@ -40,6 +40,8 @@ class HarmonicSection:
     output_gate: bool = False
     output_gate_rank: int | None = None
     short_conv_size: int = 0  # > 0: causal depthwise conv of the value stream (identity at init)
+    state_size: int | None = None  # numbers per channel per level: null = the teacher's head_dim (k/q start the maps); 1 = diagonal
+    recompute_mixer: bool = False  # recompute each block in backward instead of storing its activations
     init_from_attention: bool = True  # v_proj / o_proj from the teacher's attention
     calibrate_norms: bool = True  # fit level-input norms and the output scale on real text
 
@@ -236,6 +238,9 @@ def _validate(recipe: Recipe) -> None:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {flat[key]!r}")
     if not 0.0 <= recipe.data.heldout_fraction < 1.0:
         raise RecipeError(f"recipe key `data.heldout_fraction` must be in [0, 1), got {recipe.data.heldout_fraction!r}")
+    state_size = recipe.harmonic.state_size
+    if state_size is not None and state_size <= 0:
+        raise RecipeError(f"recipe key `harmonic.state_size` must be > 0 or null (= the teacher's head_dim), got {state_size!r}")
     bands = recipe.harmonic.timescale_bands
     if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
         raise RecipeError(f"recipe key `harmonic.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")

@@ -1,8 +1,10 @@
 """Surgery: a Hallamonic student with the teacher's widths, weights and a HarmonicBlock per layer.
 
 Everything but attention is copied bit for bit (embeddings, norms, MLPs, LM head) and frozen;
-each HarmonicBlock starts from its layer's attention (v_proj, o_proj) and is the only thing that
-trains (plus optional LoRA adapters in phase 2).
+each HarmonicBlock starts from its layer's attention and is the only thing that trains (plus
+optional LoRA adapters in phase 2): v_proj and o_proj always, and with the expanded state
+(``state_size`` = head_dim, the default) k_proj -> the write map and q_proj -> the read map, so the
+block starts as a decayed linear attention over the teacher's own queries, keys and values.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
     tc = teacher.config
     attention_bias = bool(getattr(tc, "attention_bias", False))
     qwen2 = tc.model_type == "qwen2"
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
     return HallamonicConfig(
         vocab_size=tc.vocab_size,
         hidden_size=tc.hidden_size,
@@ -42,7 +45,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         num_hidden_layers=tc.num_hidden_layers,
         num_attention_heads=tc.num_attention_heads,
         num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        head_dim=head_dim,
         hidden_act=tc.hidden_act,
         rms_norm_eps=float(tc.rms_norm_eps),
         mlp_bias=bool(getattr(tc, "mlp_bias", False)),
@@ -56,6 +59,8 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         output_gate=harmonic.output_gate,
         output_gate_rank=harmonic.output_gate_rank,
         short_conv_size=harmonic.short_conv_size,
+        state_size=harmonic.state_size or head_dim,
+        recompute_mixer=harmonic.recompute_mixer,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
         bos_token_id=tc.bos_token_id,
         eos_token_id=tc.eos_token_id,

@@ -30,8 +30,9 @@ class HallamonicConfig(PreTrainedConfig):
         output_gate: multiply the summed states by ``2 * sigmoid(low_rank(x))`` before ``o_proj``
             (identity at initialisation). An option beyond the seed design.
         short_conv_size: when > 0, a causal depthwise convolution of this many taps on the value
-            stream before the levels (identity at initialisation; its last k-1 inputs are carried
-            in the recurrent state). An option beyond the seed design, like Mamba's conv1d. Padding
+            stream before the levels -- and, with the expanded state, on the write and read vectors
+            too, as Mamba's conv1d precedes its B and C (identity at initialisation; its last k-1
+            inputs are carried in the recurrent state). An option beyond the seed design, like Mamba's conv1d. Padding
             must be on the left (as for generation): padded positions enter the conv as zeros.
         state_size: N, the numbers each level keeps per value channel. 1 (the default) is the diagonal
             block: one leaky average per channel, read back unchanged. N > 1 is the expanded,

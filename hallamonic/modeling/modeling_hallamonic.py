@@ -206,7 +206,11 @@ class HarmonicBlock(nn.Module):
             self.state_write = StateMap(config.hidden_size, config.num_key_value_heads * config.state_size, bias=config.value_bias)
             self.state_read = StateMap(config.hidden_size, config.num_attention_heads * config.state_size, bias=config.value_bias)
         kv_width = config.num_key_value_heads * config.head_dim
-        self.short_conv = ShortConv(kv_width, config.short_conv_size) if config.short_conv_size > 0 else None
+        # The short conv filters every stream read from x: v, and with the expanded state k and q too.
+        self.conv_widths = [kv_width]
+        if config.state_size > 1:
+            self.conv_widths += [self.state_write.out_features, self.state_read.out_features]
+        self.short_conv = ShortConv(sum(self.conv_widths), config.short_conv_size) if config.short_conv_size > 0 else None
 
     def value_stream(self, x: torch.Tensor) -> torch.Tensor:
         """v_proj with GQA heads repeated exactly as Llama's repeat_kv does (before any short conv)."""
@@ -241,15 +245,18 @@ class HarmonicBlock(nn.Module):
         Returns:
             y: (B, L, hidden) and the new state, shaped like ``state``.
         """
-        v = self.v_proj(x)  # (B, L, Dkv)
+        streams = [self.v_proj(x)]  # v: (B, L, Dkv)
+        if self.state_size > 1:
+            streams += [self.state_write(x), self.state_read(x)]  # k: (B, L, Hkv*N), q: (B, L, H*N)
         tail = None
         if self.short_conv is not None:
+            joined = torch.cat(streams, dim=-1) if len(streams) > 1 else streams[0]  # (B, L, W)
             if mask is not None:  # padding enters the conv as zeros (left padding: a fresh start)
-                v = v * mask.unsqueeze(-1).to(v.dtype)
-            carried = self._conv_rows(state)
-            v, tail = self.short_conv(v, carried)  # (B, L, Dkv), (B, taps-1, Dkv)
-        below = self._repeat_kv(v)  # h_0 = v: (B, L, D)
-        maps = self._state_maps(x) if self.state_size > 1 else None
+                joined = joined * mask.unsqueeze(-1).to(joined.dtype)
+            joined, tail = self.short_conv(joined, self._conv_rows(state))  # (B, L, W), (B, taps-1, W)
+            streams = list(joined.split(self.conv_widths, dim=-1))
+        below = self._repeat_kv(streams[0])  # h_0 = v: (B, L, D)
+        maps = self._state_maps(streams[1], streams[2]) if self.state_size > 1 else None
         level_input = below
         total = None
         finals = []
@@ -266,29 +273,26 @@ class HarmonicBlock(nn.Module):
         if self.output_gate is not None:
             mixed = mixed * (2.0 * torch.sigmoid(self.output_gate(x)))
         new_state = torch.stack(finals, dim=1)  # (B, levels, D [, N]) fp32
-        if tail is not None:
+        if tail is not None:  # the conv's last inputs, flattened into rows shaped like a level's state
             rows = new_state.new_zeros(new_state.shape[0], tail.shape[1], *new_state.shape[2:])
-            if self.state_size > 1:
-                rows[:, :, : tail.shape[-1], 0] = tail.float()
-            else:
-                rows[:, :, : tail.shape[-1]] = tail.float()
+            rows.view(*rows.shape[:2], -1)[..., : tail.shape[-1]] = tail.float()
             new_state = torch.cat([new_state, rows], dim=1)
         return self.o_proj(mixed), new_state
 
     def _conv_rows(self, state: torch.Tensor | None) -> torch.Tensor | None:
-        """The short conv's carried inputs (B, taps-1, Dkv) from the rows after the levels."""
+        """The short conv's carried inputs (B, taps-1, W) from the rows after the levels."""
         if state is None:
             return None
         rows = state[:, self.num_levels :]
-        rows = rows[..., 0] if self.state_size > 1 else rows
-        return rows[:, :, : self.v_proj.out_features]
+        return rows.reshape(*rows.shape[:2], -1)[..., : sum(self.conv_widths)]
 
-    def _state_maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write and read vectors of every head, shared by the levels: (B, L, H, N) each, fp32."""
-        batch, length, _ = x.shape
-        write = self.state_write(x).view(batch, length, self.num_kv_heads, 1, self.state_size)
+    def _state_maps(self, write: torch.Tensor, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write and read vectors of every head, shared by the levels: (B, L, H, N) each, fp32.
+        Write vectors have the kv heads' count and are repeated like GQA keys."""
+        batch, length, _ = write.shape
+        write = write.view(batch, length, self.num_kv_heads, 1, self.state_size)
         write = write.expand(-1, -1, -1, self.kv_groups, -1).reshape(batch, length, -1, self.state_size)
-        read = self.state_read(x).view(batch, length, -1, self.state_size) * self.state_size**-0.5
+        read = read.view(batch, length, -1, self.state_size) * self.state_size**-0.5
         return write.float(), read.float()
 
     def _level(self, log_a, level_input, maps, state, mask) -> tuple[torch.Tensor, torch.Tensor]:

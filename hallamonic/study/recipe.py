@@ -18,7 +18,7 @@ STUDY_RECIPES_DIR = RECIPES_DIR / "study"
 # The summary's three architectures, its two ablations, and two options beyond the seed design.
 ARCHITECTURES = (
     "harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states",
-    "harmonic-output-gate", "harmonic-short-conv",
+    "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal",
 )
 
 
@@ -43,6 +43,7 @@ class StudyModelSection:
     timescale_bands: list = field(default_factory=lambda: [[1.0, 16.0], [16.0, 256.0], [256.0, 4096.0]])
     gate_rank: int | None = None  # low-rank size of the Harmonic decay gates (null = hidden // 8)
     predictor_rank: int | None = None  # low-rank size of the inter-level predictors (null = hidden // 8)
+    state_size: int = 1  # numbers per channel per level of the Harmonic state (1 = the diagonal block; > 1 selective)
     short_conv_size: int = 4  # taps of the causal value conv of the `harmonic-short-conv` variant
     mamba_layers: int | None = None  # Mamba blocks (null = 2 x num_layers: a Mamba block has no MLP)
     mamba_state_size: int = 16  # Mamba's SSM state per channel (N)
@@ -54,6 +55,7 @@ class StudyModelSection:
 class StudyTrainSection:
     tokens: int = 196_608  # training tokens per run (one model at one context), the same for every model
     batch_tokens: int = 2048  # tokens per optimizer step (sequences per step = batch_tokens / context)
+    micro_batch_tokens: int | None = None  # tokens per forward/backward (gradient accumulation up to batch_tokens; null = batch_tokens)
     lr: float = 3.0e-3  # peak learning rate (AdamW, betas 0.9/0.95)
     warmup_steps: int = 10  # linear warm-up steps
     schedule: str = "cosine"  # cosine | linear | constant decay after warm-up
@@ -119,7 +121,7 @@ def _validate(recipe: StudyRecipe) -> None:
     for key, value in {
         "model.hidden_size": m.hidden_size, "model.num_layers": m.num_layers, "model.num_heads": m.num_heads,
         "model.intermediate_size": m.intermediate_size, "model.mamba_state_size": m.mamba_state_size,
-        "model.short_conv_size": m.short_conv_size,
+        "model.short_conv_size": m.short_conv_size, "model.state_size": m.state_size,
         "model.mamba_expand": m.mamba_expand, "train.tokens": t.tokens, "train.batch_tokens": t.batch_tokens,
         "eval.tokens": recipe.eval.tokens, "memory.batch_size": recipe.memory.batch_size,
     }.items():
@@ -145,6 +147,14 @@ def _validate(recipe: StudyRecipe) -> None:
             f"recipe key `train.batch_tokens` ({t.batch_tokens}) must be a multiple of every context; not of {bad} "
             "(every run takes the same tokens per step)"
         )
+    micro = t.micro_batch_tokens
+    if micro is not None:
+        bad = [c for c in recipe.contexts if micro % c]
+        if micro <= 0 or t.batch_tokens % micro or bad:
+            raise RecipeError(
+                f"recipe key `train.micro_batch_tokens` ({micro}) must divide `train.batch_tokens` ({t.batch_tokens}) "
+                f"and be a multiple of every context{f'; not of {bad}' if bad else ''}"
+            )
     if recipe.steps < 1:
         raise RecipeError(f"recipe key `train.tokens` ({t.tokens}) is less than one step of `train.batch_tokens` ({t.batch_tokens})")
     if not t.lr > 0 or t.warmup_steps < 0 or t.max_grad_norm < 0 or t.weight_decay < 0 or t.checkpoint_every < 0:

@@ -141,12 +141,13 @@ def train_one(
     accelerator = _accelerator(t.mixed_precision)
     model = arch.build(recipe.seed).to(accelerator.device)
     batches = PackedBatches(corpus.train, context, seed=recipe.seed, source=f"the training split of {corpus.source}")
+    micro_tokens = t.micro_batch_tokens or t.batch_tokens  # the same tokens per optimizer step either way
     section = PhaseSection(
-        steps=recipe.steps, seq_len=context, batch_size=t.batch_tokens // context, lr=t.lr,
+        steps=recipe.steps, seq_len=context, batch_size=micro_tokens // context, lr=t.lr,
         warmup_steps=t.warmup_steps, schedule=t.schedule, min_lr_ratio=t.min_lr_ratio,
     )
     train = TrainSection(
-        grad_accum=1, max_grad_norm=t.max_grad_norm, weight_decay=t.weight_decay, mixed_precision=t.mixed_precision,
+        grad_accum=t.batch_tokens // micro_tokens, max_grad_norm=t.max_grad_norm, weight_decay=t.weight_decay, mixed_precision=t.mixed_precision,
         on_nan=t.on_nan, log_every=t.log_every,
     )
     began = time.perf_counter()

@@ -78,3 +78,30 @@ def test_calibration_matches_scales_and_beats_predicting_zeros():
         losses = MixerStack([layer.mixer for layer in student.model.layers])(inputs, targets)
     assert (losses <= 1.0 + 1e-4).all()  # never worse than an all-zero output
     torch.testing.assert_close(losses, torch.tensor([s["normalised_mse"] for s in stats]), atol=1e-4, rtol=1e-4)
+
+
+def test_converted_block_starts_as_decayed_linear_attention_over_the_teachers_qkv():
+    """One constant decay a, no hierarchy (one level): the converted block computes
+    o_proj(sum_s (1 - a) a^(t-s) (q_t . k_s / sqrt(d)) v_s) with q, k, v from the teacher
+    attention's own projections (GQA repeated, no RoPE) -- the initialisation is wired right."""
+    teacher = build_tiny_llama(300, tie_word_embeddings=False)
+    tau = 6.0
+    student = build_student(teacher, HarmonicSection(timescale_bands=[[tau, tau]], hierarchy=False))
+    config = student.config
+    assert config.state_size == config.head_dim
+    attention = teacher.model.layers[0].self_attn
+    mixer = student.model.layers[0].mixer
+    heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    torch.manual_seed(0)
+    x = torch.randn(2, 29, config.hidden_size)
+    with torch.no_grad():
+        y, _ = mixer(x)
+        repeat = lambda t: t.view(2, 29, kv_heads, 1, d).expand(-1, -1, -1, heads // kv_heads, -1).reshape(2, 29, heads, d)  # noqa: E731
+        q = attention.q_proj(x).view(2, 29, heads, d)
+        k, v = repeat(attention.k_proj(x)), repeat(attention.v_proj(x))
+        a = torch.exp(torch.tensor(-1.0 / tau, dtype=torch.float64))
+        t = torch.arange(29)
+        weights = ((1 - a) * a ** (t[:, None] - t[None, :]).clamp_min(0) * (t[:, None] >= t[None, :])).float()
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / d**0.5  # (B, H, L, L)
+        expected = attention.o_proj(torch.einsum("bhts,bshd->bthd", scores * weights, v).reshape(2, 29, heads * d))
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-4)
