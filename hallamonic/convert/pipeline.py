@@ -24,13 +24,15 @@ from pathlib import Path
 
 import torch
 
-from hallamonic.convert.checkpoint import latest_checkpoint, load_checkpoint
-from hallamonic.convert.data import DataError, PackedBatches, is_heldout, iter_documents, tokenize_stream
+from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.phases import MixerStack, phase1_loss, phase2_loss
 from hallamonic.convert.recipe import Recipe, recipe_to_yaml
 from hallamonic.convert.surgery import build_student, calibrate_blocks, parameter_counts
-from hallamonic.convert.trainer import MetricsLog, PhaseResult, run_phase
+from hallamonic.data import DataError
 from hallamonic.tiny import load_builtin_teacher
+from hallamonic.training.checkpoint import latest_checkpoint, load_checkpoint
+from hallamonic.training.packing import PackedBatches
+from hallamonic.training.trainer import MetricsLog, PhaseResult, make_accelerator, run_phase
 
 PHASES = ("surgery", "phase1", "phase2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -63,15 +65,6 @@ def parse_phases(text: str | None) -> tuple[str, ...]:
     if unknown or not phases:
         raise ValueError(f"--phases: unknown phase(s) {unknown or text!r}; choose from {', '.join(PHASES)}")
     return phases
-
-
-def _make_accelerator(recipe: Recipe):
-    from accelerate import Accelerator
-
-    precision = recipe.train.mixed_precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() else "no"
-    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
 
 
 def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
@@ -159,7 +152,7 @@ def convert(
     Returns the report that is also written to ``training/report.json``.
     """
     out = Path(output_dir)
-    accelerator = _make_accelerator(recipe)
+    accelerator = make_accelerator(recipe.train.mixed_precision)
     began = time.perf_counter()
     # Everything that can fail on bad input (folder policy, model, data) runs before the output
     # folder is touched, so a typo never leaves a half-made folder behind.
@@ -392,4 +385,4 @@ def _plot_losses(metrics: Path, png: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["DataError", "OutputDirError", "check_output_dir", "convert", "export", "parse_phases", "prepare_output_dir"]
+__all__ = ["OutputDirError", "check_output_dir", "convert", "export", "parse_phases", "prepare_output_dir"]

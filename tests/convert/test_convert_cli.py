@@ -1,4 +1,4 @@
-"""`hallamonic convert` / `recipes`: bad input gets one clear line and a non-zero exit."""
+"""`hallamonic convert`: bad input gets one clear line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -68,19 +68,8 @@ def test_existing_output_folder_needs_resume_or_overwrite(tmp_path):
     assert (out / "something").read_text() == "keep me"
 
 
-def test_recipes_list_and_show():
-    code, output = run("recipes", "list")
-    assert code == 0 and "smollm2-135m" in output and "tinyllama-1.1b" in output and "study-enwik8-cpu" in output
-    code, output = run("recipes", "show", "study-enwik8-28m")
-    assert code == 0 and "Expected cost" in output
-    code, output = run("recipes", "show", "tiny")
-    assert code == 0 and "phase1:" in output and "#" in output
-    code, output = run("recipes", "show", "tinyy")
-    assert code == 2 and "did you mean `tiny`" in output
-
-
 def test_debug_flag_shows_the_exception(tmp_path):
-    from hallamonic.convert.recipe import RecipeError
+    from hallamonic.training.recipe import RecipeError
 
     result = runner.invoke(app, ["convert", "tiny", "-o", str(tmp_path / "out"), "--set", "phase1.stepz=3", "--debug"])
     assert result.exit_code != 0 and isinstance(result.exception, RecipeError)

@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 import hallamonic.convert.pipeline as pipeline
-from hallamonic.convert.checkpoint import list_checkpoints
+from hallamonic.training.checkpoint import list_checkpoints
 from hallamonic.convert.pipeline import OutputDirError, convert
 from hallamonic.convert.recipe import load_recipe
-from hallamonic.convert.trainer import TrainingDiverged
+from hallamonic.training.trainer import TrainingDiverged
 
 FAST = ["phase1.steps=4", "phase2.steps=3", "checkpoint.every=2", "eval.max_windows=1", "eval.context_lengths=[128]"]
 CLEAN_LOADER = """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hallamonic.convert.data import DataError
+from hallamonic.data import DataError
 from hallamonic.study.data import load_study_corpus
 from hallamonic.study.recipe import StudyDataSection
 
