@@ -47,6 +47,20 @@ def test_wrong_data_field_and_tiny_data(tmp_path):
     assert code == 2 and "fewer than one sequence" in output
 
 
+def test_a_local_file_through_a_datasets_builder(tmp_path):
+    """What a user without hub access can also write: `data.dataset=json` with `data.data_files`."""
+    from hallamonic.tiny import stdlib_corpus
+
+    data = tmp_path / "corpus.jsonl"
+    data.write_text("\n".join(json.dumps({"text": doc}) for doc in stdlib_corpus()[:200]) + "\n")
+    code, output = run("convert", "tiny", "-o", str(tmp_path / "out"), "--set", "data.dataset=json",
+                       "--set", f"data.data_files={data}", *FAST)
+    assert code == 0, output
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    recorded = (tmp_path / "out" / "training" / "recipe.yaml").read_text()
+    assert "dataset: json" in recorded and str(data) in recorded
+
+
 def test_unsupported_architecture_is_named(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -55,3 +55,32 @@ def test_heldout_documents_never_reach_the_training_stream(tmp_path, tokenizer):
         assert (marker in text_test) == (i in held)
         assert (marker in text_train) == (i not in held)
     assert (train == tokenizer.eos_token_id).sum() == 200 - len(held)  # one separator per document
+
+
+def test_a_datasets_builder_streams_local_files_through_the_recipe(tmp_path, tokenizer):
+    """`data.dataset: json` + `data.data_files`: the streamed-dataset path, with no hub."""
+    from hallamonic.convert.recipe import load_recipe
+
+    docs = [f"document number {i} " + "word " * (i % 5) for i in range(30)]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d, "id": i}) for i, d in enumerate(docs)))
+    section = load_recipe("tiny", ["data.dataset=json", f"data.data_files={tmp_path / 'd.jsonl'}"]).data
+    assert section.path is None and section.config is None
+    assert list(iter_documents(section)) == docs
+    from_file = tokenize_stream(tokenizer, DataSection(path=str(tmp_path / "d.jsonl")), seed=0, max_tokens=10**6)
+    streamed = tokenize_stream(tokenizer, section, seed=0, max_tokens=10**6)
+    assert streamed.tolist() == from_file.tolist()  # the same documents, the same held-out split
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": docs[:3]}), tmp_path / "d.parquet")
+    section = DataSection(dataset="parquet", config=None, data_files={"train": str(tmp_path / "d.parquet")}, text_field="body")
+    assert list(iter_documents(section)) == docs[:3]
+
+
+def test_a_dataset_that_cannot_be_streamed_is_named(tmp_path):
+    section = DataSection(dataset="json", config=None, data_files=str(tmp_path / "missing-*.jsonl"))
+    with pytest.raises(DataError, match=r"cannot stream dataset 'json' \(split 'train', data_files '.*missing-\*.jsonl'\)"):
+        list(iter_documents(section))
+    (tmp_path / "d.jsonl").write_text(json.dumps({"content": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"dataset 'json' has no `text` field \(found \['content'\]\)"):
+        list(iter_documents(DataSection(dataset="json", config=None, data_files=str(tmp_path / "d.jsonl"))))
