@@ -67,6 +67,15 @@ def parse_phases(text: str | None) -> tuple[str, ...]:
     return phases
 
 
+def public_name(spec: str) -> str:
+    """How an exported checkpoint names its teacher (and data): a hub id (or ``builtin:...``) as is,
+    a local folder or file by its name only -- a path on the converting machine means nothing elsewhere."""
+    if spec.startswith("builtin:"):
+        return spec
+    path = Path(spec).expanduser()
+    return path.resolve().name if path.exists() else spec
+
+
 def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) for a hub id, a folder, a .gguf file, or ``builtin:tiny-llama``."""
     if spec.startswith("builtin:"):
@@ -285,7 +294,7 @@ def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict)
     Everything is written to a temporary folder first and moved into ``out`` only once complete,
     so a full disk or a crash during export leaves any earlier export and the checkpoints intact.
     """
-    student.config.base_model_name_or_path = recipe.base.model
+    student.config.base_model_name_or_path = public_name(recipe.base.model)
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         student.save_pretrained(staging, safe_serialization=True)
@@ -303,14 +312,15 @@ def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict)
 
 def model_card(recipe: Recipe, report: dict) -> str:
     counts = report["parameters"]
+    base = public_name(recipe.base.model)
     lines = [
         "---",
         "library_name: transformers",
         "tags: [hallamonic, state-space-model, linearized-attention]",
-        f"base_model: {recipe.base.model}",
+        f"base_model: {base}",
         "---",
         "",
-        f"# Hallamonic conversion of `{recipe.base.model}`",
+        f"# Hallamonic conversion of `{base}`",
         "",
         "Every attention layer was replaced by a HarmonicBlock (three-level hierarchical diagonal state-space "
         "mixer, no attention, no positional encoding); FFNs, embeddings and LM head are the teacher's, frozen. "
@@ -319,7 +329,7 @@ def model_card(recipe: Recipe, report: dict) -> str:
         "## Conversion",
         "",
         f"- Recipe: `{recipe.name}` (resolved copy in `training/recipe.yaml`), seed {recipe.seed}",
-        f"- Data: `{recipe.data.path or recipe.data.dataset}` (held-out fraction {recipe.data.heldout_fraction})",
+        f"- Data: `{public_name(recipe.data.path or recipe.data.dataset)}` (held-out fraction {recipe.data.heldout_fraction})",
         f"- Parameters: teacher {counts['teacher']:,}, converted {counts['student']:,} "
         f"({counts['student_trainable']:,} trained)",
         f"- Hardware: {report['hardware']}; wall time {report['wall_seconds'] / 60:.1f} min",

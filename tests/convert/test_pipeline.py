@@ -54,6 +54,27 @@ def test_export_is_a_complete_checkpoint(converted):
     assert report["heldout"]["converted"]["bits_per_token"]["128"] > 0
 
 
+def test_a_local_teacher_is_recorded_by_its_name_only(tmp_path):
+    from hallamonic.tiny import load_builtin_teacher
+
+    teacher_dir = tmp_path / "machine" / "specific" / "my-teacher"
+    teacher_dir.mkdir(parents=True)
+    recipe = load_recipe("tiny", FAST + [f"base.model={teacher_dir}", "eval.max_windows=0"])
+    out = tmp_path / "out"
+    convert(recipe, out, phases=("surgery",), load_teacher=lambda spec, dtype: load_builtin_teacher("builtin:tiny-llama", dtype))
+    assert json.loads((out / "config.json").read_text())["base_model_name_or_path"] == "my-teacher"
+    card = (out / "README.md").read_text()
+    assert "base_model: my-teacher" in card and str(tmp_path) not in card
+
+
+def test_public_names_keep_hub_ids_and_drop_local_paths(tmp_path):
+    (tmp_path / "model.gguf").write_bytes(b"")
+    assert pipeline.public_name("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
+    assert pipeline.public_name("builtin:tiny-llama") == "builtin:tiny-llama"
+    assert pipeline.public_name(str(tmp_path / "model.gguf")) == "model.gguf"
+    assert pipeline.public_name(str(tmp_path) + "/") == tmp_path.name
+
+
 def test_checkpoint_loads_and_generates_without_the_package(converted, without_hallamonic):
     out, _ = converted
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
