@@ -91,6 +91,37 @@ def test_checkpoint_loads_and_generates_without_the_package(converted, without_h
     assert loaded["generated"] == 5
 
 
+TOKENIZER_ONLY = """
+import json, sys
+from transformers import AutoTokenizer
+plain = AutoTokenizer.from_pretrained(sys.argv[1])
+sys.stdout.flush(); print("---", flush=True)
+untrusted = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=False)
+print(json.dumps([plain("Return the number of items").input_ids, untrusted("Return the number of items").input_ids]))
+"""
+
+
+def test_the_tokenizer_is_the_teachers_and_needs_no_remote_code(converted):
+    """The exported tokenizer is the teacher's standard one: no AutoTokenizer entry in any auto_map,
+    a transformers class in tokenizer_config.json. The plain call, with no stdin and without
+    `trust_remote_code`, returns it (transformers 5 still asks about the *config*'s remote code
+    first, then falls back); `trust_remote_code=False` returns it without asking."""
+    out, _ = converted
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert "auto_map" not in tokenizer_config
+    assert "AutoTokenizer" not in json.loads((out / "config.json").read_text())["auto_map"]
+    import transformers
+
+    assert hasattr(transformers, tokenizer_config["tokenizer_class"])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", TOKENIZER_ONLY, str(out)], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, env=env, timeout=120, check=True)  # fmt: skip
+    plain, untrusted = json.loads(result.stdout.strip().splitlines()[-1])
+    _, teacher_tokenizer = pipeline.load_base_model("builtin:tiny-llama")
+    assert plain == untrusted == teacher_tokenizer("Return the number of items").input_ids
+    assert "custom code" not in result.stdout.split("---", 1)[1]  # trust_remote_code=False never asks
+
+
 def test_frozen_tensors_are_bit_identical_after_training(converted):
     out, _ = converted
     teacher, _ = pipeline.load_base_model("builtin:tiny-llama")
