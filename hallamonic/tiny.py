@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import warnings
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import torch
@@ -45,28 +46,37 @@ def stdlib_corpus() -> tuple[str, ...]:
     return tuple(documents)
 
 
-def build_tiny_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer trained on :func:`stdlib_corpus`, as a PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tiny_tokenizer(
+    vocab_size: int = 512, *, texts: Iterable[str] | None = None, specials: Sequence[str] = ("<|endoftext|>",),
+    bos_prefix: bool = False,
+):
+    """A byte-level BPE tokenizer trained on ``texts`` (default :func:`stdlib_corpus`), as a
+    PreTrainedTokenizerFast -- the one tiny tokenizer of the built-in teacher and of the tests.
+
+    ``specials`` take the first ids: one token is BOS, EOS, UNK and padding at once (GPT-2 style,
+    the default); three are UNK, BOS and EOS (Llama style: ids 0, 1, 2). ``bos_prefix`` prepends
+    BOS to every encoding, as Llama's tokenizer does.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if len(specials) not in (1, 3):
+        raise ValueError(f"specials: one token (bos = eos = unk = pad) or three (unk, bos, eos), got {list(specials)}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(stdlib_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|endoftext|>",
-        eos_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-    )
+    tokenizer.train_from_iterator(stdlib_corpus() if texts is None else texts, trainer=trainer)
+    unk, bos, eos = (specials * 3) if len(specials) == 1 else specials
+    if bos_prefix:
+        tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, specials.index(bos))])
+    names = dict(bos_token=bos, eos_token=eos, unk_token=unk) | ({"pad_token": bos} if len(specials) == 1 else {})
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names)
 
 
 def build_tiny_llama(

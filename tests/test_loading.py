@@ -10,17 +10,13 @@ import torch
 
 from hallamonic import loading
 from hallamonic.loading import gguf_cache_dir, load_causal_lm, smollm2_gguf_path
+from hallamonic.tiny import build_tiny_tokenizer
 
 
 def tiny_pair():
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["</s>"])
-    tok.train_from_iterator(["the cat sat on the mat " * 50], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    tokenizer = build_tiny_tokenizer(300, texts=["the cat sat on the mat " * 50], specials=("</s>",))
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
     return LlamaForCausalLM(config).eval(), tokenizer

@@ -1,4 +1,4 @@
-"""`hallamonic convert` and `hallamonic recipes`: thin wrappers over the conversion library."""
+"""`hallamonic convert`: a thin wrapper over the conversion library."""
 
 from __future__ import annotations
 
@@ -8,15 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-recipes_app = typer.Typer(help="List and show the bundled recipes (conversion and study).", no_args_is_help=True)
-
-
-def fail(message: str, *, debug: bool = False, code: int = 2) -> None:
-    """One clear line on stderr and a non-zero exit; the traceback only with --debug."""
-    if debug:
-        raise
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
+from hallamonic.console import fail
 
 
 def convert_command(
@@ -35,11 +27,12 @@ def convert_command(
     loads with AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
     Offline: --set base.model=path/to/model.gguf --set data.path=corpus.jsonl
     """
-    from hallamonic.convert.data import DataError
     from hallamonic.convert.pipeline import OutputDirError, convert, parse_phases
-    from hallamonic.convert.recipe import RecipeError, load_recipe
+    from hallamonic.convert.recipe import load_recipe
     from hallamonic.convert.surgery import UnsupportedModelError
-    from hallamonic.convert.trainer import TrainingDiverged
+    from hallamonic.data import DataError
+    from hallamonic.training.recipe import RecipeError
+    from hallamonic.training.trainer import TrainingDiverged
 
     try:
         loaded = load_recipe(recipe, set_ or [])
@@ -60,29 +53,3 @@ def convert_command(
             bits = ", ".join(f"{k}: {v:.3f}" for k, v in result["bits_per_token"].items())
             typer.echo(f"  held-out bits/token, {name}: {bits}")
 
-
-@recipes_app.command("list")
-def recipes_list() -> None:
-    """Bundled recipes with their one-line description: `hallamonic convert` and `hallamonic study` ones."""
-    from hallamonic.convert.recipe import bundled_recipes, load_recipe
-    from hallamonic.study.recipe import bundled_study_recipes, load_study_recipe
-
-    typer.echo("conversion recipes (hallamonic convert NAME):")
-    for name in bundled_recipes():
-        typer.echo(f"  {name:18s} {load_recipe(name).description}")
-    typer.echo("study recipes (hallamonic study NAME):")
-    for name in bundled_study_recipes():
-        typer.echo(f"  {name:18s} {load_study_recipe(name).description}")
-
-
-@recipes_app.command("show")
-def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or file.")]) -> None:
-    """Print a recipe's YAML (with its comments); conversion recipes first, then study recipes."""
-    from hallamonic.convert.recipe import RecipeError, bundled_recipes, resolve_recipe_path
-    from hallamonic.study.recipe import STUDY_RECIPES_DIR, bundled_study_recipes
-
-    try:
-        folder = STUDY_RECIPES_DIR if name in bundled_study_recipes() and name not in bundled_recipes() else None
-        typer.echo((resolve_recipe_path(name, folder) if folder else resolve_recipe_path(name)).read_text())
-    except RecipeError as err:
-        fail(str(err))

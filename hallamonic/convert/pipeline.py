@@ -24,13 +24,15 @@ from pathlib import Path
 
 import torch
 
-from hallamonic.convert.checkpoint import latest_checkpoint, load_checkpoint
-from hallamonic.convert.data import DataError, PackedBatches, is_heldout, iter_documents, tokenize_stream
+from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.phases import MixerStack, attention_transfer_errors, phase1_loss, phase2_loss
 from hallamonic.convert.recipe import Recipe, recipe_to_yaml
 from hallamonic.convert.surgery import build_student, calibrate_blocks, parameter_counts
-from hallamonic.convert.trainer import MetricsLog, PhaseResult, run_phase
+from hallamonic.data import DataError
 from hallamonic.tiny import load_builtin_teacher
+from hallamonic.training.checkpoint import latest_checkpoint, load_checkpoint
+from hallamonic.training.packing import PackedBatches
+from hallamonic.training.trainer import MetricsLog, PhaseResult, make_accelerator, run_phase
 
 PHASES = ("surgery", "phase1", "phase2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -65,13 +67,13 @@ def parse_phases(text: str | None) -> tuple[str, ...]:
     return phases
 
 
-def _make_accelerator(recipe: Recipe):
-    from accelerate import Accelerator
-
-    precision = recipe.train.mixed_precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() else "no"
-    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
+def public_name(spec: str) -> str:
+    """How an exported checkpoint names its teacher (and data): a hub id (or ``builtin:...``) as is,
+    a local folder or file by its name only -- a path on the converting machine means nothing elsewhere."""
+    if spec.startswith("builtin:"):
+        return spec
+    path = Path(spec).expanduser()
+    return path.resolve().name if path.exists() else spec
 
 
 def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
@@ -159,7 +161,7 @@ def convert(
     Returns the report that is also written to ``training/report.json``.
     """
     out = Path(output_dir)
-    accelerator = _make_accelerator(recipe)
+    accelerator = make_accelerator(recipe.train.mixed_precision)
     began = time.perf_counter()
     # Everything that can fail on bad input (folder policy, model, data) runs before the output
     # folder is touched, so a typo never leaves a half-made folder behind.
@@ -334,7 +336,7 @@ def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict)
     Everything is written to a temporary folder first and moved into ``out`` only once complete,
     so a full disk or a crash during export leaves any earlier export and the checkpoints intact.
     """
-    student.config.base_model_name_or_path = recipe.base.model
+    student.config.base_model_name_or_path = public_name(recipe.base.model)
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         student.save_pretrained(staging, safe_serialization=True)
@@ -352,14 +354,15 @@ def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict)
 
 def model_card(recipe: Recipe, report: dict) -> str:
     counts = report["parameters"]
+    base = public_name(recipe.base.model)
     lines = [
         "---",
         "library_name: transformers",
         "tags: [hallamonic, state-space-model, linearized-attention]",
-        f"base_model: {recipe.base.model}",
+        f"base_model: {base}",
         "---",
         "",
-        f"# Hallamonic conversion of `{recipe.base.model}`",
+        f"# Hallamonic conversion of `{base}`",
         "",
         "Every attention layer was replaced by a HarmonicBlock (three-level hierarchical diagonal state-space "
         "mixer, no attention, no positional encoding); FFNs, embeddings and LM head are the teacher's, frozen. "
@@ -368,7 +371,7 @@ def model_card(recipe: Recipe, report: dict) -> str:
         "## Conversion",
         "",
         f"- Recipe: `{recipe.name}` (resolved copy in `training/recipe.yaml`), seed {recipe.seed}",
-        f"- Data: `{recipe.data.path or recipe.data.dataset}` (held-out fraction {recipe.data.heldout_fraction})",
+        f"- Data: `{public_name(recipe.data.path or recipe.data.dataset)}` (held-out fraction {recipe.data.heldout_fraction})",
         f"- Parameters: teacher {counts['teacher']:,}, converted {counts['student']:,} "
         f"({counts['student_trainable']:,} trained)",
         f"- Hardware: {report['hardware']}; wall time {report['wall_seconds'] / 60:.1f} min",
@@ -461,4 +464,4 @@ def _plot_losses(metrics: Path, png: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["DataError", "OutputDirError", "check_output_dir", "convert", "export", "parse_phases", "prepare_output_dir"]
+__all__ = ["OutputDirError", "check_output_dir", "convert", "export", "parse_phases", "prepare_output_dir"]

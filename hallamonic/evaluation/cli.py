@@ -88,7 +88,7 @@ def eval_command(
     """Evaluate MODEL (and fair baselines) on LAMBADA, held-out loss by context length, or passkey."""
     import torch
 
-    from hallamonic.evaluation.data import DataError
+    from hallamonic.data import DataError
     from hallamonic.evaluation.report import markdown_table, plot_results, write_results
     from hallamonic.evaluation.runner import EvalOptions, run_evaluation
     from hallamonic.loading import load_causal_lm

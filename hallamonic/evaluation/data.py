@@ -1,13 +1,15 @@
-"""Evaluation text: local files (txt / jsonl with a `text` field) or the default hub datasets.
+"""Evaluation text: local files (txt / jsonl with a `text` field / parquet) or the default hub datasets.
 
 Local files make every number reproducible offline; the hub defaults are the published
-datasets the numbers are meant to be comparable with.
+datasets the numbers are meant to be comparable with. Files are read, and datasets streamed,
+by :mod:`hallamonic.data` (shared with the conversion and the study).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from hallamonic.data import DataError, iter_texts, record_texts, stream_dataset
 
 LAMBADA_HUB = "EleutherAI/lambada_openai"
 FINEWEB_EDU_HUB = "HuggingFaceFW/fineweb-edu"
@@ -16,44 +18,15 @@ FINEWEB_EDU_HUB = "HuggingFaceFW/fineweb-edu"
 FINEWEB_EDU_SKIP_DOCS = 10_000
 
 
-class DataError(ValueError):
-    """A data file that cannot be used; the message names the file and the problem."""
-
-
-def read_jsonl_texts(path: Path) -> list[str]:
-    """The `text` field of every non-empty line of a JSONL file."""
-    texts = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise DataError(f"{path}:{lineno}: no string field 'text'")
-            texts.append(record["text"])
-    if not texts:
-        raise DataError(f"{path}: no records")
-    return texts
-
-
 def read_texts(path: str | Path, *, lines_are_records: bool) -> list[str]:
-    """Texts from a local file: JSONL records, or a plain-text file.
+    """Texts from a local file: JSONL records (or parquet rows), or a plain-text file.
 
     Plain text is one record per non-empty line when `lines_are_records` (LAMBADA passages),
     otherwise one document (a held-out stream for the context task).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file not found: {path}")
-    if path.suffix.lower() in (".jsonl", ".json"):
-        return read_jsonl_texts(path)
-    text = path.read_text(encoding="utf-8-sig")
-    texts = [line for line in text.splitlines() if line.strip()] if lines_are_records else [text]
+    texts = list(iter_texts(path, plain_text="lines" if lines_are_records else "whole"))
     if not any(t.strip() for t in texts):
-        raise DataError(f"{path}: empty")
+        raise DataError(f"{path}: no text")
     return texts
 
 
@@ -62,9 +35,7 @@ def lambada_texts(path: str | Path | None, limit: int | None) -> list[str]:
     if path is not None:
         texts = read_texts(path, lines_are_records=True)
     else:
-        from datasets import load_dataset
-
-        texts = list(load_dataset(LAMBADA_HUB, "default", split="test")["text"])
+        texts = list(record_texts(stream_dataset(LAMBADA_HUB, "default", split="test"), "text", LAMBADA_HUB))
     return texts[:limit] if limit else texts
 
 
@@ -72,13 +43,11 @@ def heldout_texts(path: str | Path | None, min_chars: int) -> list[str]:
     """Held-out documents: a local file, or a FineWeb-Edu slice of at least `min_chars`."""
     if path is not None:
         return read_texts(path, lines_are_records=False)
-    from datasets import load_dataset
-
-    stream = load_dataset(FINEWEB_EDU_HUB, name="sample-10BT", split="train", streaming=True)
+    stream = stream_dataset(FINEWEB_EDU_HUB, "sample-10BT", split="train")
     texts, total = [], 0
-    for record in stream.skip(FINEWEB_EDU_SKIP_DOCS):
-        texts.append(record["text"])
-        total += len(record["text"])
+    for text in record_texts(stream.skip(FINEWEB_EDU_SKIP_DOCS), "text", FINEWEB_EDU_HUB):
+        texts.append(text)
+        total += len(text)
         if total >= min_chars:
             break
     return texts

@@ -86,6 +86,20 @@ def describe(model, entry: Entry, seconds: float) -> dict:
     return info | entry.info
 
 
+def _load_teacher(load, spec: str, recorded: bool):
+    """The teacher for a baseline; one named by the model's config gets a hint when it cannot load
+    (a converted model records a local teacher by its folder or file name only)."""
+    try:
+        return load(spec)
+    except (OSError, ValueError) as err:
+        if not recorded:
+            raise
+        raise ValueError(
+            f"cannot load the teacher {spec!r} recorded in the model's config ({str(err).splitlines()[0]}); "
+            "a local teacher is recorded by its name only: pass --teacher PATH"
+        ) from err
+
+
 def run_evaluation(spec: str, options: EvalOptions, *, baselines=(), teacher=None, name=None, load=None) -> dict:
     """{model name: result} for `spec` and each requested baseline (in that order).
 
@@ -97,6 +111,7 @@ def run_evaluation(spec: str, options: EvalOptions, *, baselines=(), teacher=Non
     results: dict[str, dict] = {}
     model, tokenizer = load(spec)
     recurrent = is_recurrent(model)
+    recorded = teacher is None and teacher_spec(model, None) is not None
     teacher = teacher_spec(model, teacher) or (None if recurrent else spec)
     main_is_teacher = not recurrent and str(teacher) == str(spec)
     entries = [Entry(name or ("teacher" if main_is_teacher else Path(str(spec)).name), str(spec))]
@@ -107,7 +122,7 @@ def run_evaluation(spec: str, options: EvalOptions, *, baselines=(), teacher=Non
     target = max(options.lengths) if options.lengths else 0
     for i, entry in enumerate(entries):
         if i:
-            model, tokenizer = load(entry.spec)
+            model, tokenizer = _load_teacher(load, entry.spec, recorded)
         if entry.rope:
             target_len = max(target, rope_window(model.config))
             entry.info["rope_parameters"] = apply_rope_scaling(model, entry.rope, target_len, options.ntk_factor)

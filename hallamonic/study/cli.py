@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hallamonic.convert.cli import fail
+from hallamonic.console import fail
 
 
 def study_command(
@@ -27,12 +27,12 @@ def study_command(
     context, gaps in %), bits_vs_context.png and training_curves.png. With --memory it writes
     memory.md / memory.json / memory.png instead.
     """
-    from hallamonic.convert.data import DataError
-    from hallamonic.convert.recipe import RecipeError
-    from hallamonic.convert.trainer import TrainingDiverged
+    from hallamonic.data import DataError
     from hallamonic.study.models import ParameterMismatch
     from hallamonic.study.recipe import load_study_recipe
     from hallamonic.study.runner import StudyOutputError, run_study
+    from hallamonic.training.recipe import RecipeError
+    from hallamonic.training.trainer import TrainingDiverged
 
     try:
         loaded = load_study_recipe(recipe, set_ or [])

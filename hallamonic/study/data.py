@@ -3,7 +3,9 @@
 Byte-level (``tokenizer: bytes``) is the enwik8 convention: every byte is a token, vocabulary 256,
 and the reported unit is bits per byte. Any other value names a tokenizer (folder or hub id) and
 the unit is bits per token. Splitting by position (not by shuffled documents) is how enwik8's
-standard 90M / 5M / 5M split is made, and keeps the test text unseen and contiguous.
+standard 90M / 5M / 5M split is made, and keeps the test text unseen and contiguous. A dataset
+instead of a file (``data.dataset``: a hub id, or a builder such as ``json`` reading
+``data.data_files``) is streamed and brings its own train / validation / test splits.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hallamonic.convert.data import DataError
+from hallamonic.data import DataError, record_texts, stream_dataset
 from hallamonic.study.recipe import StudyDataSection
 
 
@@ -35,15 +37,17 @@ def _split(ids: np.ndarray, section: StudyDataSection) -> tuple[np.ndarray, np.n
     return ids[:n_train], ids[n_train : n_train + n_valid], ids[n_train + n_valid :]
 
 
-def _hub_texts(section: StudyDataSection) -> dict[str, str]:  # pragma: no cover - needs the hub
-    from datasets import load_dataset
-
-    splits = load_dataset(section.dataset, section.config)
+def _hub_texts(section: StudyDataSection) -> dict[str, str]:
+    """The train / validation / test splits of a streamed dataset, each joined into one text."""
+    splits = stream_dataset(section.dataset, section.config, data_files=section.data_files)
     names = {"train": "train", "valid": "validation", "test": "test"}
     missing = [hub for hub in names.values() if hub not in splits]
     if missing:
-        raise DataError(f"hub dataset {section.dataset!r} has no {missing} split(s); use a local `data.path` instead")
-    return {ours: "\n".join(splits[hub][section.text_field]) for ours, hub in names.items()}
+        raise DataError(
+            f"dataset {section.dataset!r} has no {missing} split(s); give `data.data_files` one file per split "
+            "({train: ..., validation: ..., test: ...}) or use a local `data.path` instead"
+        )
+    return {ours: "\n".join(record_texts(splits[hub], section.text_field, section.dataset)) for ours, hub in names.items()}
 
 
 def _encode(text_or_bytes: bytes | str, tokenizer) -> np.ndarray:
@@ -74,7 +78,7 @@ def load_study_corpus(section: StudyDataSection) -> StudyCorpus:
             raw = handle.read(section.max_bytes) if section.max_bytes else handle.read()
         train, valid, test = _split(_encode(raw, tokenizer), section)
         source = str(path)
-    else:  # pragma: no cover - needs the hub
+    else:
         texts = _hub_texts(section)
         train, valid, test = (_encode(texts[name], tokenizer) for name in ("train", "valid", "test"))
         source = f"hub:{section.dataset}"

@@ -1,8 +1,8 @@
 """Study recipes: one YAML file per study, validated against a typed schema.
 
-The schema machinery (unknown keys with suggestions, types, ``--set`` overrides, safe YAML) is the
-conversion recipes' own (:func:`hallamonic.convert.recipe.build_schema`); this module adds the
-study's sections and range checks. Bundled study recipes live in ``recipes/study/``.
+The schema machinery (unknown keys with suggestions, types, ``--set`` overrides, safe YAML) is
+training's (:func:`hallamonic.training.recipe.build_schema`), shared with the conversion recipes;
+this module adds the study's sections and range checks. Bundled study recipes live in ``recipes/study/``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hallamonic.convert.recipe import RECIPES_DIR, RecipeError, build_schema, bundled_recipes, read_yaml, resolve_recipe_path
+from hallamonic.training.recipe import RECIPES_DIR, RecipeError, build_schema, bundled_recipes, read_yaml, resolve_recipe_path
 
 STUDY_RECIPES_DIR = RECIPES_DIR / "study"
 # The summary's three architectures, its two ablations, and two options beyond the seed design.
@@ -25,8 +25,9 @@ ARCHITECTURES = (
 @dataclass
 class StudyDataSection:
     path: str | None = None  # local text file (e.g. enwik8); split by position into train / valid / test
-    dataset: str | None = None  # hub dataset used when `path` is empty (its train/validation/test splits)
+    dataset: str | None = None  # hub dataset or `datasets` builder (json, text, ...) used when `path` is empty (its train/validation/test splits)
     config: str | None = None  # hub dataset config
+    data_files: str | dict | None = None  # files the dataset reads, e.g. {train: a.jsonl, validation: b.jsonl, test: c.jsonl}
     text_field: str = "text"  # field of the hub records holding the text
     tokenizer: str = "bytes"  # bytes (vocab 256, bits per byte) or a tokenizer folder / hub id
     max_bytes: int | None = None  # read only the first N bytes of `path`

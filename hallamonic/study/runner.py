@@ -26,27 +26,21 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from hallamonic.convert.checkpoint import latest_checkpoint
-from hallamonic.convert.data import DataError, PackedBatches
-from hallamonic.convert.recipe import CheckpointSection, PhaseSection, RecipeError, TrainSection, build_schema
-from hallamonic.convert.trainer import MetricsLog, TrainingDiverged, run_phase
+from hallamonic.data import DataError
 from hallamonic.evaluation.scoring import is_out_of_memory, score_tokens
 from hallamonic.study.data import StudyCorpus, load_study_corpus
 from hallamonic.study.models import Architecture, build_architectures, count_parameters, harmonic_config
 from hallamonic.study.recipe import ARCHITECTURES, StudyRecipe
 from hallamonic.study.report import write_report
+from hallamonic.training.checkpoint import latest_checkpoint
+from hallamonic.training.packing import PackedBatches
+from hallamonic.training.recipe import CheckpointSection, PhaseSection, RecipeError, TrainSection, build_schema
+from hallamonic.training.trainer import MetricsLog, TrainingDiverged, run_phase
+from hallamonic.training.trainer import make_accelerator as _accelerator
 
 
 class StudyOutputError(ValueError):
     """The output folder holds another study (or anything) and neither --resume nor --overwrite was given."""
-
-
-def _accelerator(precision: str):
-    from accelerate import Accelerator
-
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() else "no"
-    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
 
 
 def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:

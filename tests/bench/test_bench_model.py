@@ -1,4 +1,4 @@
-"""Smoke tests of the model benchmark (hallamonic.bench.model) on tiny widths and lengths.
+"""Smoke tests of the model benchmark (hallamonic.bench.model, reported by bench.model_report) on tiny widths and lengths.
 
 They check that rows are well formed and the bookkeeping (cache sizes, skipping, reporting) is
 right; they assert nothing about speed: timings on a shared CI machine mean nothing.
@@ -11,6 +11,7 @@ import json
 import pytest
 
 from hallamonic.bench import model as bench
+from hallamonic.bench import model_report as report
 
 TINY = dict(
     vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -65,8 +66,8 @@ def test_skipped_hallamonic_point_is_marked_not_run(monkeypatch):
     monkeypatch.setattr(bench, "predicted_prefill_s", lambda done, context: 1e9 if done else None)
     rows = run_tiny(models=("hallamonic",))
     assert rows[1]["status"] == "not run" and rows[1]["note"].startswith("prefill predicted")
-    report = bench.format_report(rows)  # a missing point does not break the report
-    assert "prefill predicted" in report
+    text = report.format_report(rows)  # a missing point does not break the report
+    assert "prefill predicted" in text
 
 
 def test_predicted_prefill_extrapolates_at_least_linearly_at_most_quadratically():
@@ -79,10 +80,10 @@ def test_predicted_prefill_extrapolates_at_least_linearly_at_most_quadratically(
 
 
 def test_report_has_ratios_and_targets():
-    report = bench.format_report(run_tiny())
-    assert "Llama/Hallamonic decode" in report
-    assert "Hallamonic decode latency (ms) flat within 10% from 16 to 48" in report
-    assert "Hallamonic prefill linear" in report
+    text = report.format_report(run_tiny())
+    assert "Llama/Hallamonic decode" in text
+    assert "Hallamonic decode latency (ms) flat within 10% from 16 to 48" in text
+    assert "Hallamonic prefill linear" in text
 
 
 def test_worker_subprocess_returns_a_row():

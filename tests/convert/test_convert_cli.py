@@ -1,4 +1,4 @@
-"""`hallamonic convert` / `recipes`: bad input gets one clear line and a non-zero exit."""
+"""`hallamonic convert`: bad input gets one clear line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -47,6 +47,20 @@ def test_wrong_data_field_and_tiny_data(tmp_path):
     assert code == 2 and "fewer than one sequence" in output
 
 
+def test_a_local_file_through_a_datasets_builder(tmp_path):
+    """What a user without hub access can also write: `data.dataset=json` with `data.data_files`."""
+    from hallamonic.tiny import stdlib_corpus
+
+    data = tmp_path / "corpus.jsonl"
+    data.write_text("\n".join(json.dumps({"text": doc}) for doc in stdlib_corpus()[:200]) + "\n")
+    code, output = run("convert", "tiny", "-o", str(tmp_path / "out"), "--set", "data.dataset=json",
+                       "--set", f"data.data_files={data}", *FAST)
+    assert code == 0, output
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    recorded = (tmp_path / "out" / "training" / "recipe.yaml").read_text()
+    assert "dataset: json" in recorded and str(data) in recorded
+
+
 def test_unsupported_architecture_is_named(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -68,19 +82,8 @@ def test_existing_output_folder_needs_resume_or_overwrite(tmp_path):
     assert (out / "something").read_text() == "keep me"
 
 
-def test_recipes_list_and_show():
-    code, output = run("recipes", "list")
-    assert code == 0 and "smollm2-135m" in output and "tinyllama-1.1b" in output and "study-enwik8-cpu" in output
-    code, output = run("recipes", "show", "study-enwik8-28m")
-    assert code == 0 and "Expected cost" in output
-    code, output = run("recipes", "show", "tiny")
-    assert code == 0 and "phase1:" in output and "#" in output
-    code, output = run("recipes", "show", "tinyy")
-    assert code == 2 and "did you mean `tiny`" in output
-
-
 def test_debug_flag_shows_the_exception(tmp_path):
-    from hallamonic.convert.recipe import RecipeError
+    from hallamonic.training.recipe import RecipeError
 
     result = runner.invoke(app, ["convert", "tiny", "-o", str(tmp_path / "out"), "--set", "phase1.stepz=3", "--debug"])
     assert result.exit_code != 0 and isinstance(result.exception, RecipeError)

@@ -1,15 +1,14 @@
-"""Training data: sources, held-out split, packing and deterministic batches."""
+"""Training data: sources, held-out split, tokenized stream."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-import torch
 
-from hallamonic.convert.data import DataError, PackedBatches, is_heldout, iter_documents, tokenize_stream
+from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.recipe import DataSection
+from hallamonic.data import DataError
 from hallamonic.tiny import build_tiny_tokenizer
 
 
@@ -58,18 +57,30 @@ def test_heldout_documents_never_reach_the_training_stream(tmp_path, tokenizer):
     assert (train == tokenizer.eos_token_id).sum() == 200 - len(held)  # one separator per document
 
 
-def test_batches_are_deterministic_and_cover_an_epoch():
-    tokens = np.arange(10 * 8, dtype=np.int32)
-    batches = PackedBatches(tokens, 8, seed=3)
-    seen = torch.cat([batches.batch(step, 0, 2, 1) for step in range(5)])  # 5 steps x 2 = one epoch
-    assert sorted(seen[:, 0].tolist()) == list(range(0, 80, 8))
-    again = PackedBatches(tokens, 8, seed=3)
-    assert torch.equal(batches.batch(7, 0, 2, 1), again.batch(7, 0, 2, 1))
-    # two processes split a step's rows without overlap
-    rank0, rank1 = batches.batch(0, 0, 2, 1, rank=0, world=2), batches.batch(0, 0, 2, 1, rank=1, world=2)
-    assert not set(rank0[:, 0].tolist()) & set(rank1[:, 0].tolist())
+def test_a_datasets_builder_streams_local_files_through_the_recipe(tmp_path, tokenizer):
+    """`data.dataset: json` + `data.data_files`: the streamed-dataset path, with no hub."""
+    from hallamonic.convert.recipe import load_recipe
+
+    docs = [f"document number {i} " + "word " * (i % 5) for i in range(30)]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d, "id": i}) for i, d in enumerate(docs)))
+    section = load_recipe("tiny", ["data.dataset=json", f"data.data_files={tmp_path / 'd.jsonl'}"]).data
+    assert section.path is None and section.config is None
+    assert list(iter_documents(section)) == docs
+    from_file = tokenize_stream(tokenizer, DataSection(path=str(tmp_path / "d.jsonl")), seed=0, max_tokens=10**6)
+    streamed = tokenize_stream(tokenizer, section, seed=0, max_tokens=10**6)
+    assert streamed.tolist() == from_file.tolist()  # the same documents, the same held-out split
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": docs[:3]}), tmp_path / "d.parquet")
+    section = DataSection(dataset="parquet", config=None, data_files={"train": str(tmp_path / "d.parquet")}, text_field="body")
+    assert list(iter_documents(section)) == docs[:3]
 
 
-def test_too_little_data_is_a_clear_error():
-    with pytest.raises(DataError, match="fewer than one sequence of 64"):
-        PackedBatches(np.arange(10, dtype=np.int32), 64, seed=0)
+def test_a_dataset_that_cannot_be_streamed_is_named(tmp_path):
+    section = DataSection(dataset="json", config=None, data_files=str(tmp_path / "missing-*.jsonl"))
+    with pytest.raises(DataError, match=r"cannot stream dataset 'json' \(split 'train', data_files '.*missing-\*.jsonl'\)"):
+        list(iter_documents(section))
+    (tmp_path / "d.jsonl").write_text(json.dumps({"content": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"dataset 'json' has no `text` field \(found \['content'\]\)"):
+        list(iter_documents(DataSection(dataset="json", config=None, data_files=str(tmp_path / "d.jsonl"))))

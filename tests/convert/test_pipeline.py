@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 import hallamonic.convert.pipeline as pipeline
-from hallamonic.convert.checkpoint import list_checkpoints
+from hallamonic.training.checkpoint import list_checkpoints
 from hallamonic.convert.pipeline import OutputDirError, convert
 from hallamonic.convert.recipe import load_recipe
-from hallamonic.convert.trainer import TrainingDiverged
+from hallamonic.training.trainer import TrainingDiverged
 
 FAST = ["phase1.steps=4", "phase2.steps=3", "checkpoint.every=2", "eval.max_windows=1", "eval.context_lengths=[128]"]
 CLEAN_LOADER = """
@@ -54,6 +54,27 @@ def test_export_is_a_complete_checkpoint(converted):
     assert report["heldout"]["converted"]["bits_per_token"]["128"] > 0
 
 
+def test_a_local_teacher_is_recorded_by_its_name_only(tmp_path):
+    from hallamonic.tiny import load_builtin_teacher
+
+    teacher_dir = tmp_path / "machine" / "specific" / "my-teacher"
+    teacher_dir.mkdir(parents=True)
+    recipe = load_recipe("tiny", FAST + [f"base.model={teacher_dir}", "eval.max_windows=0"])
+    out = tmp_path / "out"
+    convert(recipe, out, phases=("surgery",), load_teacher=lambda spec, dtype: load_builtin_teacher("builtin:tiny-llama", dtype))
+    assert json.loads((out / "config.json").read_text())["base_model_name_or_path"] == "my-teacher"
+    card = (out / "README.md").read_text()
+    assert "base_model: my-teacher" in card and str(tmp_path) not in card
+
+
+def test_public_names_keep_hub_ids_and_drop_local_paths(tmp_path):
+    (tmp_path / "model.gguf").write_bytes(b"")
+    assert pipeline.public_name("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
+    assert pipeline.public_name("builtin:tiny-llama") == "builtin:tiny-llama"
+    assert pipeline.public_name(str(tmp_path / "model.gguf")) == "model.gguf"
+    assert pipeline.public_name(str(tmp_path) + "/") == tmp_path.name
+
+
 def test_checkpoint_loads_and_generates_without_the_package(converted, without_hallamonic):
     out, _ = converted
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -68,6 +89,37 @@ def test_checkpoint_loads_and_generates_without_the_package(converted, without_h
         expected = model(ids).logits[0, -1, :8]
     torch.testing.assert_close(torch.tensor(loaded["logits"]), expected, atol=1e-5, rtol=1e-5)
     assert loaded["generated"] == 5
+
+
+TOKENIZER_ONLY = """
+import json, sys
+from transformers import AutoTokenizer
+plain = AutoTokenizer.from_pretrained(sys.argv[1])
+sys.stdout.flush(); print("---", flush=True)
+untrusted = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=False)
+print(json.dumps([plain("Return the number of items").input_ids, untrusted("Return the number of items").input_ids]))
+"""
+
+
+def test_the_tokenizer_is_the_teachers_and_needs_no_remote_code(converted):
+    """The exported tokenizer is the teacher's standard one: no AutoTokenizer entry in any auto_map,
+    a transformers class in tokenizer_config.json. The plain call, with no stdin and without
+    `trust_remote_code`, returns it (transformers 5 still asks about the *config*'s remote code
+    first, then falls back); `trust_remote_code=False` returns it without asking."""
+    out, _ = converted
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert "auto_map" not in tokenizer_config
+    assert "AutoTokenizer" not in json.loads((out / "config.json").read_text())["auto_map"]
+    import transformers
+
+    assert hasattr(transformers, tokenizer_config["tokenizer_class"])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", TOKENIZER_ONLY, str(out)], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, env=env, timeout=120, check=True)  # fmt: skip
+    plain, untrusted = json.loads(result.stdout.strip().splitlines()[-1])
+    _, teacher_tokenizer = pipeline.load_base_model("builtin:tiny-llama")
+    assert plain == untrusted == teacher_tokenizer("Return the number of items").input_ids
+    assert "custom code" not in result.stdout.split("---", 1)[1]  # trust_remote_code=False never asks
 
 
 def test_frozen_tensors_are_bit_identical_after_training(converted):

@@ -7,16 +7,17 @@ import re
 import pytest
 import yaml
 
-from hallamonic.convert.recipe import RecipeError, bundled_recipes, load_recipe
+from hallamonic.convert.recipe import bundled_conversion_recipes, load_recipe
+from hallamonic.training.recipe import RecipeError
 
 REQUIRED_KEYS = ("base.model", "data.path", "phase1.steps", "phase2.steps", "checkpoint.every", "seed")
 
 
 @pytest.mark.parametrize("name", ["tiny", "smollm2-135m", "tinyllama-1.1b"])
 def test_bundled_recipe_loads_and_has_the_documented_keys(name):
-    assert name in bundled_recipes()
+    assert name in bundled_conversion_recipes()
     recipe = load_recipe(name)
-    flat = yaml.safe_load(bundled_recipes()[name].read_text())
+    flat = yaml.safe_load(bundled_conversion_recipes()[name].read_text())
     for key in REQUIRED_KEYS:
         node = flat
         for part in key.split("."):
@@ -27,7 +28,7 @@ def test_bundled_recipe_loads_and_has_the_documented_keys(name):
 
 @pytest.mark.parametrize("name", ["tiny", "smollm2-135m", "tinyllama-1.1b"])
 def test_every_recipe_key_is_commented(name):
-    for line in bundled_recipes()[name].read_text().splitlines():
+    for line in bundled_conversion_recipes()[name].read_text().splitlines():
         if re.match(r"^\s*[a-z_0-9]+:\s*\S", line) and not line.strip().startswith("#"):
             assert "#" in line, f"{name}: undocumented line {line!r}"
 

@@ -65,5 +65,6 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
     print(f"converted SmolLM2 after a few hundred training tokens: {bits:.2f} bits/token (uniform: {chance:.2f})")
     assert bits < chance - 3  # the carried-over MLPs and embeddings already make it far better than chance
     card = (out / "README.md").read_text()
-    assert str(gguf) in card and "phase1" in card
-    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 30
+    assert gguf.name in card and str(gguf) not in card and "phase1" in card  # the teacher by its file name only
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 30 and config["base_model_name_or_path"] == gguf.name

@@ -1,5 +1,6 @@
-"""Tiny offline models for evaluation tests: a byte-level BPE trained on the shared data and
-random Llama models built from `LlamaConfig`, so no test needs the network."""
+"""Tiny offline models for evaluation tests: the tests' one tiny BPE (`hallamonic.tiny`) trained
+on the shared LAMBADA data, and random Llama models built from `LlamaConfig`, so no test needs the
+network."""
 
 from __future__ import annotations
 
@@ -13,21 +14,11 @@ HELDOUT_FILE = DATA / "fineweb_edu_head_heldout.txt"
 
 
 def build_tokenizer(bos: bool = True):
-    """A 600-token byte-level BPE (Llama-like: adds <s> by default when `bos`)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A 600-token byte-level BPE trained on LAMBADA text (Llama-like: adds <s> by default when `bos`)."""
+    from hallamonic.tiny import build_tiny_tokenizer
 
     text = LAMBADA_FILE.read_text()[:150_000] if LAMBADA_FILE.exists() else "the cat sat on the mat. " * 500
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator([text], trainer)
-    if bos:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    return build_tiny_tokenizer(600, texts=[text], specials=("<unk>", "<s>", "</s>"), bos_prefix=bos)
 
 
 def build_llama(vocab_size: int, window: int = 64, seed: int = 0):

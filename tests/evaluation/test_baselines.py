@@ -71,3 +71,18 @@ def test_converted_checkpoint_finds_its_teacher_in_the_config(checkpoint, tmp_pa
     results = run_evaluation(str(student), options, baselines=["teacher"])
     assert list(results) == ["student", "teacher"]
     assert results["teacher"]["model"] == str(checkpoint)
+
+
+def test_a_teacher_recorded_by_name_only_needs_an_explicit_teacher(checkpoint, tmp_path):
+    """A conversion records a local teacher by its folder name: baselines then take --teacher."""
+    import shutil
+
+    student = tmp_path / "student"
+    shutil.copytree(checkpoint, student)
+    config = json.loads((student / "config.json").read_text())
+    (student / "config.json").write_text(json.dumps(config | {"base_model_name_or_path": checkpoint.name}))
+    options = EvalOptions(task="passkey", lengths=[48], trials=1, progress=False)
+    with pytest.raises(ValueError, match=f"teacher '{checkpoint.name}' recorded in the model's config .* pass --teacher PATH"):
+        run_evaluation(str(student), options, baselines=["teacher"])
+    results = run_evaluation(str(student), options, baselines=["teacher"], teacher=str(checkpoint))
+    assert list(results) == ["student", "teacher"] and results["teacher"]["model"] == str(checkpoint)

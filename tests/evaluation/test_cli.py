@@ -48,7 +48,7 @@ def test_bad_data_and_bad_model_are_one_line_errors(app, checkpoint, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"passage": "no text field"}\n')
     result = invoke(app, checkpoint, "--task", "lambada", "--data", bad)
-    assert result.exit_code == 2 and "no string field 'text'" in result.output
+    assert result.exit_code == 2 and "no `text` field" in result.output
     result = invoke(app, tmp_path / "missing-model", "--task", "passkey")
     assert result.exit_code == 2 and "does not exist" in result.output
 

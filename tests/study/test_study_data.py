@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from hallamonic.convert.data import DataError
+from hallamonic.data import DataError
 from hallamonic.study.data import load_study_corpus
 from hallamonic.study.recipe import StudyDataSection
 
@@ -33,3 +35,28 @@ def test_missing_file_and_bad_tokenizer_are_named(tmp_path):
     (tmp_path / "a.txt").write_text("hello " * 100)
     with pytest.raises(DataError, match="cannot load tokenizer"):
         load_study_corpus(StudyDataSection(path=str(tmp_path / "a.txt"), tokenizer=str(tmp_path / "no-tokenizer")))
+
+
+def test_a_datasets_builder_with_one_file_per_split_is_streamed(tmp_path, enwik8_path):
+    """`data.dataset: json` + `data.data_files: {train, validation, test}`: the dataset path, with no hub."""
+    from hallamonic.study.recipe import load_study_recipe
+
+    raw = enwik8_path.read_bytes()[:6_000].decode("utf-8", errors="ignore")
+    parts = {"train": raw[:4000], "validation": raw[4000:5000], "test": raw[5000:]}
+    files = {}
+    for split, text in parts.items():
+        files[split] = tmp_path / f"{split}.jsonl"
+        files[split].write_text("\n".join(json.dumps({"text": line}) for line in text.split("\n")))
+    mapping = "{" + ", ".join(f"{split}: {path}" for split, path in files.items()) + "}"
+    recipe = load_study_recipe("study-ci", ["data.path=null", "data.dataset=json", f"data.data_files={mapping}"])
+    assert recipe.data.path is None and recipe.data.data_files == {k: str(v) for k, v in files.items()}
+    corpus = load_study_corpus(recipe.data)
+    for split, ours in (("train", corpus.train), ("validation", corpus.valid), ("test", corpus.test)):
+        assert ours.tobytes() == parts[split].encode("utf-8")  # records joined by newlines: the text back
+    assert corpus.source == "hub:json" and corpus.unit == "bits per byte"
+
+
+def test_a_dataset_without_the_three_splits_is_refused(tmp_path):
+    (tmp_path / "all.jsonl").write_text(json.dumps({"text": "hello world"}) + "\n")
+    with pytest.raises(DataError, match=r"no \['validation', 'test'\] split\(s\); give `data.data_files` one file per split"):
+        load_study_corpus(StudyDataSection(dataset="json", data_files=str(tmp_path / "all.jsonl")))

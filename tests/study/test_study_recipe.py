@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from hallamonic.convert.recipe import RecipeError
+from hallamonic.training.recipe import RecipeError
 from hallamonic.study.models import build_architectures
 from hallamonic.study.recipe import bundled_study_recipes, load_study_recipe
 

@@ -7,8 +7,8 @@ import errno
 import pytest
 import torch
 
-import hallamonic.convert.checkpoint as checkpoint
-from hallamonic.convert.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+import hallamonic.training.checkpoint as checkpoint
+from hallamonic.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
 
 def make_optimizer(seed: float = 1.0):

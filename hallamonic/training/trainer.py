@@ -1,8 +1,9 @@
-"""One training loop for both phases: accelerate, accumulation, clipping, schedule, NaN guard,
-atomic checkpoints, exact resume, JSONL metrics and a progress bar.
+"""One training loop for every phase of every run (the conversion's two phases, each study run):
+accelerate, accumulation, clipping, schedule, NaN guard, atomic checkpoints, exact resume, JSONL
+metrics and a progress bar.
 
-The loop is phase-agnostic: a phase supplies the module to train (already holding the student's
-trainable parameters), a loss function of (module, batch) and its batches.
+The loop is phase-agnostic: a phase supplies the module to train (already holding the trainable
+parameters), a loss function of (module, batch) and its batches.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hallamonic.convert.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from hallamonic.convert.data import PackedBatches
-from hallamonic.convert.recipe import CheckpointSection, PhaseSection, TrainSection
+from hallamonic.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hallamonic.training.packing import PackedBatches
+from hallamonic.training.recipe import CheckpointSection, PhaseSection, TrainSection
 
 
 class TrainingDiverged(RuntimeError):
@@ -36,6 +37,15 @@ class PhaseResult:
     seconds: float
     final_loss: float | None
     resumed_from: int = 0
+
+
+def make_accelerator(mixed_precision: str):
+    """An accelerate Accelerator: ``auto`` precision is bf16 on CUDA and none on CPU."""
+    from accelerate import Accelerator
+
+    if mixed_precision == "auto":
+        mixed_precision = "bf16" if torch.cuda.is_available() else "no"
+    return Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
 
 
 def learning_rate(step: int, section: PhaseSection) -> float:

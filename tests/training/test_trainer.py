@@ -1,0 +1,75 @@
+"""The phase loop on a toy model: schedule, exact resume after a crash, NaN guard."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hallamonic.training.packing import PackedBatches
+from hallamonic.training.recipe import CheckpointSection, PhaseSection, TrainSection
+from hallamonic.training.trainer import MetricsLog, TrainingDiverged, learning_rate, make_accelerator, run_phase
+
+SECTION = PhaseSection(steps=6, seq_len=8, batch_size=2, lr=0.05, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+
+
+def loss_of(module, batch):
+    return ((module(batch[:, :4].float() / 80) - batch[:, 4:5].float() / 80) ** 2).mean()
+
+
+def train(tmp_path, loss_fn=loss_of, resume=False, on_nan="stop"):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    result = run_phase(
+        name="toy", accelerator=make_accelerator("no"), module=model, trainable=dict(model.named_parameters()),
+        loss_fn=loss_fn, batches=PackedBatches(np.arange(80, dtype=np.int32), 8, seed=0), section=SECTION,
+        train=TrainSection(on_nan=on_nan, log_every=1), checkpointing=CheckpointSection(every=2, keep=1),
+        checkpoint_root=tmp_path / "checkpoints", log=MetricsLog(tmp_path / "metrics.jsonl"), resume=resume,
+    )  # fmt: skip
+    return model, result
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    rates = [learning_rate(step, SECTION) for step in range(SECTION.steps)]
+    assert rates[:2] == pytest.approx([0.025, 0.05])
+    assert rates[2] == pytest.approx(0.05) and rates[-1] == pytest.approx(0.05 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75))))
+    assert all(a >= b for a, b in zip(rates[1:], rates[2:]))
+    constant = PhaseSection(steps=4, lr=0.1, warmup_steps=0, schedule="constant")
+    assert [learning_rate(s, constant) for s in range(4)] == [0.1] * 4
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
+    reference, result = train(tmp_path / "a")
+    assert result.steps == 6 and result.final_loss is not None
+    calls = {"n": 0}
+
+    def crashing(module, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:  # step 5, after the step-4 checkpoint
+            raise KeyboardInterrupt
+        return loss_of(module, batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "b", crashing)
+    resumed, result = train(tmp_path / "b", resume=True)
+    assert result.resumed_from == 4
+    for a, b in zip(reference.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_non_finite_loss_stops_or_skips(tmp_path):
+    def nan_at_3(module, batch, calls={"n": 0}):  # noqa: B006 - a counter across calls
+        calls["n"] += 1
+        loss = loss_of(module, batch)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    with pytest.raises(TrainingDiverged, match=r"\[toy\] step 3: loss nan .*training stopped.*step-000002"):
+        train(tmp_path / "stop", nan_at_3)
+    nan_at_3.__defaults__[0]["n"] = 0
+    _, result = train(tmp_path / "skip", nan_at_3, on_nan="skip")
+    rows = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("skipped")] == [3] and result.final_loss is not None
