@@ -24,6 +24,9 @@ def test_bundled_study_recipe_loads_every_key_commented_and_sizes_match(name):
     archs = build_architectures(recipe.model, 256, recipe.models, max(recipe.contexts))
     target = archs["harmonic"].params
     for arch in archs.values():
+        if arch.name == "harmonic-diagonal":  # the earlier block, same shape without the maps: a named row, smaller
+            assert arch.params <= target
+            continue
         assert abs(arch.params - target) <= recipe.model.param_tolerance * target, (arch.name, arch.params, target)
 
 
