@@ -17,6 +17,9 @@ Implementations, one entry point :func:`selective_scan`:
   chunks by the diagonal :func:`scan` (which has its own memory-lean backward). The (L, P, N) state
   sequence is never formed: only one state per chunk, (B, H, L/CHUNK, P, N). Autograd gives the
   backward; wrap the caller in activation checkpointing to keep training memory at the inputs.
+* ``"triton"``    -- the same chunked algorithm fused into one GPU kernel per direction
+  (``hallamonic_selective_scan_triton.py``): the state stays in registers, only the state entering
+  each chunk is written, and the backward recomputes each chunk from it. Used on CUDA by "auto".
 
 Numerics: everything accumulates in fp32. Inside a chunk the decay from s to t is
 exp(cum_t - cum_s), split as exp(cum_t - m) * exp(m - cum_s) around the chunk's middle m so that the
@@ -33,9 +36,18 @@ import torch
 
 from .hallamonic_scan import scan
 
+try:  # Triton is optional: absent on CPU-only machines and in CI.
+    from .hallamonic_selective_scan_triton import triton_available, triton_selective_scan
+except ImportError:  # pragma: no cover - exercised when triton is not installed
+    triton_selective_scan = None
+
+    def triton_available() -> bool:
+        return False
+
+
 CHUNK = 32  # steps per chunk of the chunked path
 MAX_DECAY_RATE = 3.0  # callers clamp log a >= -3 (a >= 0.05): keeps the chunk factors finite
-BACKENDS = ("auto", "reference", "chunked")
+BACKENDS = ("auto", "reference", "chunked", "triton")
 
 
 def _check_inputs(b, log_a, write, read, initial_state) -> None:
@@ -150,7 +162,8 @@ def selective_scan(
         write: (batch, length, heads, state) write vectors k_t.
         read: same shape, read vectors q_t.
         initial_state: (batch, heads, channels, state) or None for zeros.
-        backend: "auto" (= "chunked"), "reference" or "chunked".
+        backend: "auto" (Triton for CUDA tensors when Triton is installed, else "chunked"),
+            "reference", "chunked" or "triton".
 
     Returns:
         y (batch, length, heads, channels) in fp32, and the final state (batch, heads, channels, state) fp32.
@@ -158,6 +171,12 @@ def selective_scan(
     _check_inputs(b, log_a, write, read, initial_state)
     if backend not in BACKENDS:
         raise ValueError(f"selective_scan: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "triton" if (b.is_cuda and triton_available()) else "chunked"
     if backend == "reference":
         return reference_selective_scan(b, log_a, write, read, initial_state)
-    return chunked_selective_scan(b, log_a, write, read, initial_state)
+    if backend == "chunked":
+        return chunked_selective_scan(b, log_a, write, read, initial_state)
+    if not triton_available():
+        raise ValueError("selective_scan: backend='triton' needs the `triton` package with CUDA (or TRITON_INTERPRET=1)")
+    return triton_selective_scan(b, log_a, write, read, initial_state)

@@ -6,7 +6,8 @@
   Its levels keep ``model.state_size`` numbers per channel (the expanded, selective state).
 - ``harmonic-no-hierarchy`` / ``harmonic-raw-states``: the two ablations (one config flag each;
   identical parameter count). ``harmonic-diagonal``: the block with one number per channel
-  (``state_size`` 1, no read/write maps): the block of the first studies, kept as a named row. ``harmonic-output-gate`` / ``harmonic-short-conv``: options beyond
+  (``state_size`` 1, no read/write maps): the block of the first studies, kept as a named row.
+  ``harmonic-output-gate`` / ``harmonic-short-conv``: options beyond
   the seed design (a low-rank output gate, +2 x hidden x hidden/8 parameters per layer; a causal
   depthwise conv of the value stream, + hidden x taps). Not fitted: their counts are printed.
 - ``transformer``: transformers' Llama with the same width, depth and heads; its MLP width is fitted
@@ -69,6 +70,7 @@ def harmonic_config(
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
         timescale_bands=shape.timescale_bands, hierarchy=hierarchy, error_signal=error_signal, output_gate=output_gate,
         short_conv_size=shape.short_conv_size if short_conv else 0, state_size=1 if diagonal else shape.state_size,
+        recompute_mixer=shape.recompute_mixer,
         gate_rank=shape.gate_rank, predictor_rank=shape.predictor_rank, tie_word_embeddings=False,
         bos_token_id=None, eos_token_id=None,
     )

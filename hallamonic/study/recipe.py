@@ -45,6 +45,7 @@ class StudyModelSection:
     gate_rank: int | None = None  # low-rank size of the Harmonic decay gates (null = hidden // 8)
     predictor_rank: int | None = None  # low-rank size of the inter-level predictors (null = hidden // 8)
     state_size: int = 1  # numbers per channel per level of the Harmonic state (1 = the diagonal block; > 1 selective)
+    recompute_mixer: bool = False  # Harmonic: recompute each block in backward (training memory of its input only)
     short_conv_size: int = 4  # taps of the causal value conv of the `harmonic-short-conv` variant
     mamba_layers: int | None = None  # Mamba blocks (null = 2 x num_layers: a Mamba block has no MLP)
     mamba_state_size: int = 16  # Mamba's SSM state per channel (N)

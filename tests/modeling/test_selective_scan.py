@@ -4,6 +4,8 @@ initial state; and the one-step update used by generation."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -97,3 +99,45 @@ def test_bad_inputs_are_clear_errors():
         selective_scan(tensors[0], tensors[1], tensors[2][..., :2], tensors[3])
     with pytest.raises(ValueError, match="backend"):
         selective_scan(*tensors, backend="cuda")
+
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not _HAS_TRITON, reason="triton is not installed (pip install 'hallamonic[triton]')")
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize(
+    "shape, length, decay, initial",
+    [
+        ((1, 1, 16, 16), 1, "any", False),  # length 1
+        ((2, 2, 12, 16), 40, "any", True),  # odd channels, a partial last chunk
+        ((1, 1, 36, 16), 70, "near-0", True),
+        ((1, 3, 8, 20), 33, "near-1", False),  # state size not a power of two
+    ],
+)
+def test_triton_matches_reference(monkeypatch, shape, length, decay, initial):
+    """The fused kernel (interpreted on CPU) against the plain loop: outputs, final state, all gradients."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    batch, heads, channels, state = shape
+    tensors, h0 = inputs(batch, length, heads, channels, state, decay, torch.float32, initial)
+    ref = run(reference_selective_scan, tensors, h0)
+    fused = run(lambda *args: selective_scan(*args, backend="triton"), tensors, h0)
+    for got, want in zip([fused[0], fused[1], *fused[2]], [ref[0], ref[1], *ref[2]]):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_takes_bf16_and_chains(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    tensors, _ = inputs(1, 50, 2, 16, 16, "near-1", torch.bfloat16, False)
+    with torch.no_grad():
+        whole, final = selective_scan(*tensors, backend="triton")
+        first, state = selective_scan(*[t[:, :20] for t in tensors], backend="triton")
+        second, end = selective_scan(*[t[:, 20:] for t in tensors], state, backend="triton")
+        exact, _ = reference_selective_scan(*[t.double() for t in tensors])
+    assert whole.dtype == torch.float32
+    torch.testing.assert_close(torch.cat([first, second], dim=1), whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(end, final, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(whole, exact.float(), atol=1e-3, rtol=1e-3)

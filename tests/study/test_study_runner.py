@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from hallamonic.cli import app
@@ -33,9 +34,10 @@ def finished(tmp_path_factory, enwik8_path):
 def test_every_model_and_context_is_trained_under_one_protocol(finished):
     out, _, output = finished
     results = json.loads((out / "results.json").read_text())
-    assert set(results["models"]) == set(load_study_recipe("study-ci").models) == set(ARCHITECTURES[:5])
+    models = load_study_recipe("study-ci").models
+    assert set(results["models"]) == set(models) == set(ARCHITECTURES[:5]) | {"harmonic-diagonal"}
     records = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/ctx-*/result.json"))]
-    assert len(records) == 5 * 2
+    assert len(records) == len(models) * 2
     # Same steps, tokens and test windows for every model at a context: only the architecture differs.
     for context in (64, 128):
         same = {(r["steps"], r["tokens"], r["test_windows"]) for r in records if r["context"] == context}
@@ -166,3 +168,23 @@ def test_wikitext_with_a_tokenizer_reports_bits_per_token(tmp_path, enwik8_path)
     assert vocab >= 400
     for entry in results["models"].values():
         assert 0 < entry["bits"]["32"] < math.log2(vocab) + 1
+
+
+def test_micro_batches_give_the_step_of_the_whole_batch(tmp_path, tiny_overrides):
+    """Gradient accumulation: 2 micro-batches of 1 sequence train exactly like 1 batch of 2."""
+    from safetensors.torch import load_file
+
+    from hallamonic.study.data import load_study_corpus
+    from hallamonic.study.models import build_architectures
+    from hallamonic.study.recipe import load_study_recipe as load
+
+    weights = {}
+    for micro in (None, 64):
+        recipe = load("study-ci", tiny_overrides + ["models=[harmonic]", "contexts=[64]", "train.batch_tokens=128",
+                                                     "train.tokens=128", f"train.micro_batch_tokens={micro or 'null'}"])
+        corpus = load_study_corpus(recipe.data)
+        arch = build_architectures(recipe.model, corpus.vocab_size, ["harmonic"], 64)["harmonic"]
+        runner.train_one(recipe, arch, 64, corpus, tmp_path / str(micro), resume=False)
+        weights[micro] = load_file(tmp_path / str(micro) / "runs" / "harmonic" / "ctx-64" / "model.safetensors")
+    for key, whole in weights[None].items():
+        torch.testing.assert_close(weights[64][key], whole, atol=1e-6, rtol=1e-5)
