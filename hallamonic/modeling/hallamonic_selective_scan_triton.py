@@ -33,32 +33,21 @@ reads ``TRITON_INTERPRET`` when it decorates; tests set it after import).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # optional dependency: absent on CPU-only machines
+# Triton is optional (absent on CPU-only machines); the diagonal scan's module already knows
+# whether it imports and whether kernels can run (CUDA, or the interpreter in tests).
+from .hallamonic_scan_triton import _HAS_TRITON, _interpreting, triton_available
+
+if _HAS_TRITON:
     import triton
     import triton.language as tl
-
-    _HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised where triton is not installed
-    triton = None
-    tl = None
-    _HAS_TRITON = False
+else:  # pragma: no cover - exercised where triton is not installed
+    triton = tl = None
 
 __all__ = ["triton_selective_scan", "triton_available"]
 
 CHUNK = 32  # steps per chunk (tl.dot needs every dimension >= 16)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def triton_available() -> bool:
-    """Triton imports and CUDA is present, or the interpreter is on (``TRITON_INTERPRET=1``, tests)."""
-    return _HAS_TRITON and (_interpreting() or torch.cuda.is_available())
 
 
 # The plain functions are wrapped by ``triton.jit`` in :func:`_kernels` on first use. Sums and the

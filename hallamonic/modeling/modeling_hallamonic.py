@@ -355,6 +355,9 @@ class HarmonicBlock(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Decoder layer and models
 # --------------------------------------------------------------------------------------------
+RECOMPUTE_SEGMENT = 2048  # tokens per recomputed piece of a mixer (``recompute_mixer``)
+
+
 class HallamonicDecoderLayer(GradientCheckpointingLayer):
     """Llama's pre-norm layer with the attention replaced by a HarmonicBlock named ``mixer``."""
 
@@ -374,13 +377,23 @@ class HallamonicDecoderLayer(GradientCheckpointingLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         normed = self.input_layernorm(hidden_states)
         if self.recompute_mixer and self.training and torch.is_grad_enabled():
-            # Keep only the block's input; rebuild its activations in the backward pass.
-            mixed, new_state = checkpoint(self.mixer, normed, state, mask, use_reentrant=False)
+            mixed, new_state = self._recomputed_mixer(normed, state, mask)
         else:
             mixed, new_state = self.mixer(normed, state, mask)
         hidden_states = hidden_states + mixed
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states, new_state
+
+    def _recomputed_mixer(self, x, state, mask):
+        """The mixer under activation checkpointing, one segment of RECOMPUTE_SEGMENT tokens at a
+        time with the state carried: only the block's input is kept, and the backward rebuilds one
+        segment's activations at a time, so even its transient memory is bounded by the segment."""
+        outputs = []
+        for start in range(0, x.shape[1], RECOMPUTE_SEGMENT):
+            part = mask[:, start : start + RECOMPUTE_SEGMENT] if mask is not None else None
+            y, state = checkpoint(self.mixer, x[:, start : start + RECOMPUTE_SEGMENT], state, part, use_reentrant=False)
+            outputs.append(y)
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), state
 
 
 class HallamonicPreTrainedModel(PreTrainedModel):

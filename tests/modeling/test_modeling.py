@@ -312,3 +312,23 @@ def test_selective_state_is_a_decayed_linear_attention():
         weights = (1 - a) * a ** (t[:, None] - t[None, :]).clamp_min(0).double() * (t[:, None] >= t[None, :])
         mixed = torch.einsum("bhts,bshp->bthp", scores * weights.float(), v).reshape(2, 37, 32)
         torch.testing.assert_close(y, block.o_proj(mixed), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("state_size", [1, 8])
+def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_size):
+    """recompute_mixer (segment by segment, state carried) is a memory trade, not a different model."""
+    from hallamonic.modeling import modeling_hallamonic
+
+    monkeypatch.setattr(modeling_hallamonic, "RECOMPUTE_SEGMENT", 16)  # 45 tokens: three segments
+    ids = torch.randint(0, 97, (2, 45))
+    grads = []
+    for recompute in (False, True):
+        model = stateful_model(state_size=state_size, short_conv_size=4, recompute_mixer=recompute).train()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grad_a), (loss_b, grad_b) = grads
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-5, rtol=1e-5)
+    assert grad_a.keys() == grad_b.keys()
+    for name in grad_a:
+        torch.testing.assert_close(grad_b[name], grad_a[name], atol=1e-4, rtol=1e-4)

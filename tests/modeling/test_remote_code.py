@@ -20,6 +20,7 @@ REMOTE_FILES = {
     "hallamonic_scan.py",
     "hallamonic_scan_triton.py",
     "hallamonic_selective_scan.py",
+    "hallamonic_selective_scan_triton.py",
 }
 
 # Runs in a clean interpreter where `hallamonic` cannot be imported (see tests/conftest.py).

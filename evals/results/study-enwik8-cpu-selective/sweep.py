@@ -1,0 +1,48 @@
+"""The one-seed option sweep of README.md: python sweep.py NAME '{"config_key": value}' [recipe overrides JSON] [context].
+MAP_STD / READ_SCALE environment variables re-initialise the write/read maps / change the read scale."""
+import os
+
+import torch
+from hallamonic.study import models as M
+from hallamonic.modeling import modeling_hallamonic as MH
+_orig = M.Architecture.build
+def build(self, seed):
+    m = _orig(self, seed)
+    std = os.environ.get("MAP_STD")
+    if std:
+        g = torch.Generator().manual_seed(seed + 7)
+        for mod in m.modules():
+            if isinstance(mod, MH.StateMap):
+                with torch.no_grad():
+                    mod.weight.normal_(0, float(std), generator=g)
+    return m
+M.Architecture.build = build
+if os.environ.get("READ_SCALE"):
+    _sm = MH.HarmonicBlock._state_maps
+    def _state_maps(self, w, r):
+        wr, rd = _sm(self, w, r)
+        return wr, rd * (self.state_size ** 0.5) * float(os.environ["READ_SCALE"])
+    MH.HarmonicBlock._state_maps = _state_maps
+import json, sys, dataclasses
+from pathlib import Path
+import torch
+from hallamonic.study.recipe import load_study_recipe
+from hallamonic.study.data import load_study_corpus
+from hallamonic.study.models import Architecture, harmonic_config, count_parameters
+from hallamonic.study.runner import train_one
+
+name = sys.argv[1]
+flags = json.loads(sys.argv[2])      # HallamonicConfig overrides
+shape = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}   # recipe overrides
+ctx = int(sys.argv[4]) if len(sys.argv) > 4 else 256
+recipe = load_study_recipe("study-enwik8-cpu", [f"{k}={v}" for k, v in shape.items()])
+corpus = load_study_corpus(recipe.data)
+config = harmonic_config(recipe.model, corpus.vocab_size)
+for k, v in flags.items():
+    setattr(config, k, v)
+arch = Architecture(name, config, count_parameters(config))
+out = Path("outputs/sweep")
+rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
+print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
+with open("outputs/sweep/results.jsonl", "a") as f:
+    f.write(json.dumps({"name": name, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
