@@ -9,7 +9,8 @@
 #   2. bandwidth table: (8,4096,2048) and (1,65536,2048), fp32 and bf16, vs a device copy
 #   3. full correctness: long sequences (~1000 chunks of look-back) vs the torch backend
 #   4. tile-config sweep (CHUNK, BLOCK_D, num_warps) on the same shapes
-#   5. the CPU test file (Triton interpreter) under this machine's triton version
+#   5. the fused selective-scan kernel vs its chunked PyTorch twin (outputs, grads, fwd+bwd time)
+#   6. the CPU test file (Triton interpreter) under this machine's triton version
 # Everything is logged to $OUT/gpu_check.log; JSON results to $OUT/*.json.
 set -u
 OUT=${OUT:-benchmarks/gpu_results/out}
@@ -46,5 +47,10 @@ stage smoke 75 $PY "${BENCH[@]}" --device cuda --check-only --cases 5 --json "$O
 stage bench 60 $PY "${BENCH[@]}" --device cuda --json "$OUT/bench.json"
 stage check 60 $PY "${BENCH[@]}" --device cuda --check-only --json "$OUT/check_full.json"
 stage sweep 90 $PY "${BENCH[@]}" --device cuda --sweep "$SWEEP" --json "$OUT/sweep.json"
+stage selective 120 $PY -c 'import runpy, sys, types
+for name, path in (("hallamonic", "hallamonic"), ("hallamonic.modeling", "hallamonic/modeling"), ("hallamonic.bench", "hallamonic/bench")):
+    mod = types.ModuleType(name); mod.__path__ = [path]; sys.modules[name] = mod
+sys.argv[0] = "hallamonic.bench.selective"
+runpy.run_module("hallamonic.bench.selective", run_name="__main__", alter_sys=True)' --json "$OUT/selective.json"
 if (( SECONDS < 200 )); then stage pytest 45 $PY -m pytest -q -p no:cacheprovider tests/modeling/test_scan.py; fi
 echo "== done in ${SECONDS}s"
