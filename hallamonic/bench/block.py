@@ -42,14 +42,8 @@ def _harmonic_layer(hidden: int, heads: int, state_size: int, recompute: bool):
         num_key_value_heads=heads, state_size=state_size, recompute_mixer=recompute, vocab_size=8,
     )
     layer = HallamonicDecoderLayer(config, 0)
-    mixer = lambda x: layer.mixer(x)[0] if not recompute else _checkpointed(layer.mixer, x)  # noqa: E731
-    return layer.mixer, mixer
-
-
-def _checkpointed(module, x):
-    from torch.utils.checkpoint import checkpoint
-
-    return checkpoint(module, x, None, None, use_reentrant=False)[0]
+    run = layer._recomputed_mixer if recompute else layer.mixer  # the model's own recompute path
+    return layer.mixer, lambda x: run(x, None, None)[0]
 
 
 def _attention_layer(hidden: int, heads: int, length: int):

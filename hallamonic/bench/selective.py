@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from hallamonic.bench.scan import _time_ms
 from hallamonic.modeling.hallamonic_selective_scan import MAX_DECAY_RATE, selective_scan
 
 SHAPES = [(1, 100, 2, 36, 16), (2, 4096, 9, 64, 64), (1, 65536, 8, 64, 16)]  # (B, L, H, P, N)
@@ -36,16 +36,6 @@ def _run(backend, tensors, h0):
     return [y, final, *grads]
 
 
-def _ms(fn, repeats=5):
-    fn()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - began) / repeats * 1000
-
-
 def check(device="cuda") -> list[dict]:
     rows = []
     for shape in SHAPES:
@@ -53,8 +43,8 @@ def check(device="cuda") -> list[dict]:
         fused, chunked = _run("triton", tensors, h0), _run("chunked", tensors, h0)
         errors = [((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(fused, chunked)]
         row = {"shape": shape, "max_rel_error": max(errors), "ok": max(errors) < 1e-3}
-        row["triton_ms"] = _ms(lambda: _run("triton", tensors, h0))
-        row["chunked_ms"] = _ms(lambda: _run("chunked", tensors, h0))
+        row["triton_ms"] = _time_ms(lambda: _run("triton", tensors, h0), torch.device(device))
+        row["chunked_ms"] = _time_ms(lambda: _run("chunked", tensors, h0), torch.device(device))
         row["speedup"] = row["chunked_ms"] / row["triton_ms"]
         print(row, flush=True)
         rows.append(row)

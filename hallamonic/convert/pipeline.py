@@ -186,13 +186,19 @@ def convert(
     accelerator.wait_for_everyone()
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
     probe, probe_source = _transfer_probe(recipe, tokens, tokenizer)
-    transfer = {"surgery": attention_transfer_errors(student, teacher, probe.to(accelerator.device))}
+    probe = probe.to(accelerator.device)
+    transfer: dict[str, list[float]] = {}
+
+    def measure_transfer(stage: str) -> None:
+        transfer[stage] = attention_transfer_errors(student, teacher, probe)
+        mean = sum(transfer[stage]) / len(transfer[stage])
+        accelerator.print(f"attention transfer after {stage}: mean normalised MSE {mean:.3f} ({probe_source})")
+
+    measure_transfer("surgery")
     if recipe.harmonic.calibrate_norms:
         sample = PackedBatches(tokens, recipe.phase1.seq_len, seed=recipe.seed).sequences[:2].to(accelerator.device)
         calibrate_blocks(student, teacher, sample)
-        transfer["calibrated"] = attention_transfer_errors(student, teacher, probe.to(accelerator.device))
-    for stage, errors in transfer.items():
-        accelerator.print(f"attention transfer after {stage}: mean normalised MSE {sum(errors) / len(errors):.3f} ({probe_source})")
+        measure_transfer("calibrated")
     counts = parameter_counts(teacher, student)
     accelerator.print(
         f"teacher {counts['teacher']:,} parameters -> student {counts['student']:,} "
@@ -218,8 +224,7 @@ def convert(
     elif "phase2" in phases:
         phase1_done = _restore_finished_phase(student, out, "phase1")
     if phase1_done:
-        transfer["phase1"] = attention_transfer_errors(student, teacher, probe.to(accelerator.device))
-        accelerator.print(f"attention transfer after phase1: mean normalised MSE {sum(transfer['phase1']) / len(transfer['phase1']):.3f}")
+        measure_transfer("phase1")
 
     if "phase2" in phases and recipe.phase2.steps > 0:
         results.append(_run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume))

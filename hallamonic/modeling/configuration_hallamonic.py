@@ -133,11 +133,6 @@ class HallamonicConfig(PreTrainedConfig):
         return self.num_attention_heads * self.head_dim
 
     @property
-    def selective(self) -> bool:
-        """Whether levels keep an expanded (channels x state_size) state with read/write maps."""
-        return self.state_size > 1
-
-    @property
     def level_bands(self) -> list[list[float]]:
         """The timescale band each level is initialised in (all equal when hierarchy is off)."""
         if self.hierarchy:

@@ -50,17 +50,38 @@ __all__ = ["triton_selective_scan", "triton_available"]
 CHUNK = 32  # steps per chunk (tl.dot needs every dimension >= 16)
 
 
-# The plain functions are wrapped by ``triton.jit`` in :func:`_kernels` on first use. Sums and the
-# cumulative sum go through the module's own combine function ``_add`` (bound there at that time),
-# not tl.sum / tl.cumsum, whose built-in combine functions the interpreter cannot run when it was
-# switched on after triton was imported (as in tests).
+# The plain functions are wrapped by ``triton.jit`` in :func:`_kernels` on first use, helpers
+# (``_add``, ``_load_chunk``, ``_log_decays``) bound as module globals there. Sums and the cumulative
+# sum go through the module's own ``_add``, not tl.sum / tl.cumsum / tl.zeros, whose built-in jitted
+# helpers the interpreter cannot run when it was switched on after triton was imported (as in tests).
 _KERNELS: dict[bool, tuple] = {}
-_add = None
+_add = _load_chunk = _log_decays = None
 
 if _HAS_TRITON:
 
     def _add_py(x, y):
         return x + y
+
+    def _load_chunk_py(b_ptr, la_ptr, k_ptr, q_ptr, c, bi, hi, L, H, P, N, rows, cp, cn, CHUNK: tl.constexpr):
+        """Chunk c's rows of b, log a (C, P) and k, q (C, N) in fp32, zero past the end; with the
+        row indices and masks the stores of this chunk use."""
+        t = c * CHUNK + rows  # (C,) time steps of this chunk
+        live = t < L
+        base = (bi * L + t) * H + hi  # (C,) rows of the (B, L, H) grid
+        mp = live[:, None] & (cp[None, :] < P)
+        mn = live[:, None] & (cn[None, :] < N)
+        b = tl.load(b_ptr + base[:, None] * P + cp[None, :], mask=mp, other=0.0).to(tl.float32)
+        la = tl.load(la_ptr + base[:, None] * P + cp[None, :], mask=mp, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + base[:, None] * N + cn[None, :], mask=mn, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + base[:, None] * N + cn[None, :], mask=mn, other=0.0).to(tl.float32)
+        return base, mp, mn, b, la, k, q
+
+    def _log_decays_py(la, rows, CHUNK: tl.constexpr):
+        """cum = cumsum(log a) in the chunk (C, P), its middle row m and its last row e (P,)."""
+        cum = tl.associative_scan(la, 0, _add)
+        middle = tl.reduce(tl.where(rows[:, None] == CHUNK // 2 - 1, cum, 0.0), 0, _add)
+        last = tl.reduce(tl.where(rows[:, None] == CHUNK - 1, cum, 0.0), 0, _add)
+        return cum, middle, last
 
     def _forward_py(
         b_ptr, la_ptr, k_ptr, q_ptr, s0_ptr, y_ptr, states_ptr, final_ptr,
@@ -81,19 +102,9 @@ if _HAS_TRITON:
             S = tl.full((BP, BN), 0.0, tl.float32)
         causal = rows[:, None] >= rows[None, :]
         for c in range(NCH):
-            t = c * CHUNK + rows  # (C,) time steps of this chunk
-            live = t < L
-            base = (bi * L + t) * H + hi  # (C,) rows of the (B, L, H) grid
-            mp = live[:, None] & (cp[None, :] < P)
-            mn = live[:, None] & (cn[None, :] < N)
-            b = tl.load(b_ptr + base[:, None] * P + cp[None, :], mask=mp, other=0.0).to(tl.float32)  # (C, P)
-            la = tl.load(la_ptr + base[:, None] * P + cp[None, :], mask=mp, other=0.0).to(tl.float32)  # (C, P)
-            k = tl.load(k_ptr + base[:, None] * N + cn[None, :], mask=mn, other=0.0).to(tl.float32)  # (C, N)
-            q = tl.load(q_ptr + base[:, None] * N + cn[None, :], mask=mn, other=0.0).to(tl.float32)  # (C, N)
+            base, mp, mn, b, la, k, q = _load_chunk(b_ptr, la_ptr, k_ptr, q_ptr, c, bi, hi, L, H, P, N, rows, cp, cn, CHUNK)
             tl.store(states_ptr + (pid * NCH + c) * P * N + state_offsets, S, mask=state_mask)
-            cum = tl.associative_scan(la, 0, _add)  # (C, P)
-            middle = tl.reduce(tl.where(rows[:, None] == CHUNK // 2 - 1, cum, 0.0), 0, _add)  # (P,) middle row
-            last = tl.reduce(tl.where(rows[:, None] == CHUNK - 1, cum, 0.0), 0, _add)  # (P,) last row
+            cum, middle, last = _log_decays(la, rows, CHUNK)  # (C, P), (P,), (P,)
             scores = tl.where(causal, tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)  # (C, C)
             y = tl.exp(cum - middle[None, :]) * tl.dot(scores, tl.exp(middle[None, :] - cum) * b, input_precision="ieee")
             y += tl.exp(cum) * tl.dot(q, tl.trans(S), input_precision="ieee")  # (C, P)
@@ -123,20 +134,10 @@ if _HAS_TRITON:
         causal = rows[:, None] >= rows[None, :]
         for step in range(NCH):
             c = NCH - 1 - step
-            t = c * CHUNK + rows  # (C,) time steps of this chunk
-            live = t < L
-            base = (bi * L + t) * H + hi  # (C,) rows of the (B, L, H) grid
-            mp = live[:, None] & (cp[None, :] < P)
-            mn = live[:, None] & (cn[None, :] < N)
-            b = tl.load(b_ptr + base[:, None] * P + cp[None, :], mask=mp, other=0.0).to(tl.float32)  # (C, P)
-            la = tl.load(la_ptr + base[:, None] * P + cp[None, :], mask=mp, other=0.0).to(tl.float32)  # (C, P)
-            k = tl.load(k_ptr + base[:, None] * N + cn[None, :], mask=mn, other=0.0).to(tl.float32)  # (C, N)
-            q = tl.load(q_ptr + base[:, None] * N + cn[None, :], mask=mn, other=0.0).to(tl.float32)  # (C, N)
+            base, mp, mn, b, la, k, q = _load_chunk(b_ptr, la_ptr, k_ptr, q_ptr, c, bi, hi, L, H, P, N, rows, cp, cn, CHUNK)
             dy = tl.load(dy_ptr + base[:, None] * P + cp[None, :], mask=mp, other=0.0).to(tl.float32)  # (C, P)
             S_in = tl.load(states_ptr + (pid * NCH + c) * P * N + state_offsets, mask=state_mask, other=0.0)
-            cum = tl.associative_scan(la, 0, _add)
-            middle = tl.reduce(tl.where(rows[:, None] == CHUNK // 2 - 1, cum, 0.0), 0, _add)
-            last = tl.reduce(tl.where(rows[:, None] == CHUNK - 1, cum, 0.0), 0, _add)
+            cum, middle, last = _log_decays(la, rows, CHUNK)
             grow = tl.exp(cum - middle[None, :])  # (C, P)
             shrink = tl.exp(middle[None, :] - cum)  # (C, P)
             to_end = tl.exp(last[None, :] - cum)  # (C, P)
@@ -165,17 +166,18 @@ if _HAS_TRITON:
 
 def _kernels():
     """The jitted kernels for the current mode (compiled, or interpreted under TRITON_INTERPRET=1)."""
-    global _add
+    global _add, _load_chunk, _log_decays
     mode = _interpreting()
     if mode not in _KERNELS:
-        _add = triton.jit(_add_py)  # bound first: the interpreter snapshots the module's globals
+        # helpers are bound first: the interpreter snapshots the module's globals
+        _add, _load_chunk, _log_decays = triton.jit(_add_py), triton.jit(_load_chunk_py), triton.jit(_log_decays_py)
         sizes = ["L", "H", "P", "N", "NCH"]
         _KERNELS[mode] = (
-            _add,
+            (_add, _load_chunk, _log_decays),
             triton.jit(_forward_py, do_not_specialize=sizes),
             triton.jit(_backward_py, do_not_specialize=sizes),
         )
-    _add = _KERNELS[mode][0]
+    _add, _load_chunk, _log_decays = _KERNELS[mode][0]
     return _KERNELS[mode][1:]
 
 

@@ -297,29 +297,25 @@ class HarmonicBlock(nn.Module):
 
     def _level(self, log_a, level_input, maps, state, mask) -> tuple[torch.Tensor, torch.Tensor]:
         """One level's recurrence: its outputs (B, L, D) fp32 and final state (B, D [, N]) fp32."""
-        if maps is None:  # state_size 1: h itself is the output
-            a = log_a.exp()
-            b = -torch.expm1(log_a) * level_input.float()  # (1 - a) * u, exact for a near 1
-            if mask is not None:
-                keep = mask.unsqueeze(-1)  # (B, L, 1)
-                a = torch.where(keep, a, torch.ones_like(a))
-                b = torch.where(keep, b, torch.zeros_like(b))
-            h = self._recur(a, b, state)  # (B, L, D) fp32
-            return h, h[:, -1]
-        log_a = log_a.clamp_min(-MAX_DECAY_RATE)  # the chunked path's range (a >= 0.05)
-        b = -torch.expm1(log_a) * level_input.float()  # (B, L, D)
-        if mask is not None:
-            keep = mask.unsqueeze(-1)
+        if maps is not None:
+            log_a = log_a.clamp_min(-MAX_DECAY_RATE)  # the chunked path's range (a >= 0.05)
+        b = -torch.expm1(log_a) * level_input.float()  # (1 - a) * u, exact for a near 1: (B, L, D)
+        if mask is not None:  # padding: a = 1, b = 0, the state passes through unchanged
+            keep = mask.unsqueeze(-1)  # (B, L, 1)
             log_a = torch.where(keep, log_a, torch.zeros_like(log_a))
             b = torch.where(keep, b, torch.zeros_like(b))
+        if maps is None:  # state_size 1: h itself is the output
+            h = self._recur(log_a.exp(), b, state)  # (B, L, D) fp32
+            return h, h[:, -1]
         batch, length, width = b.shape
         heads = width // self.head_dim
         split = lambda t: t.view(batch, length, heads, self.head_dim)  # noqa: E731 - (B, L, H, P)
         write, read = maps
         prev = state.view(batch, heads, self.head_dim, self.state_size) if state is not None else None
         if length == 1:  # one generated token: a single step, no chunk machinery
-            zero = torch.zeros(batch, heads, self.head_dim, self.state_size, device=b.device)
-            new, y = selective_step(split(b)[:, 0], split(log_a)[:, 0], write[:, 0], read[:, 0], prev if prev is not None else zero)
+            if prev is None:
+                prev = b.new_zeros(batch, heads, self.head_dim, self.state_size)
+            new, y = selective_step(split(b)[:, 0], split(log_a)[:, 0], write[:, 0], read[:, 0], prev)
             y = y.unsqueeze(1)
         else:
             y, new = selective_scan(split(b), split(log_a), write, read, prev)  # (B, L, H, P), (B, H, P, N)
