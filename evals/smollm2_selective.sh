@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # SmolLM2-135M -> Hallamonic with the expanded, selective state (state_size = head_dim = 64, write/read
 # maps from k_proj/q_proj): conversion on 2 CPU cores with the bundled recipe, then the headline
-# evaluations on the shared data. Usage: bash evals/smollm2_selective.sh [OUT] (default outputs/smollm2-n64)
+# evaluations on the shared data. Usage: bash evals/smollm2_selective.sh [OUT] [RESULTS] [--set KEY=VALUE ...]
+# (defaults outputs/smollm2-n64, evals/results/smollm2-135m-hallamonic-selective). Runs so far:
+#   selective state, recipe of 2026-12-01 (140 + 130 steps, no teacher pool): the defaults, with
+#     --set phase1.teacher_pool=0 --set phase1.steps=140 --set phase2.steps=130
+#   teacher pool (the bundled recipe now): NAME=converted-pool bash evals/smollm2_selective.sh \
+#     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
-RES=evals/results/smollm2-135m-hallamonic-selective
+RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
+shift $(( $# < 2 ? $# : 2 ))
 G=$(python -c "from hallamonic.loading import smollm2_gguf_path as p; print(p())")
 export OMP_NUM_THREADS=2
 if [ ! -f "$OUT/model.safetensors" ]; then
-  hallamonic convert smollm2-135m -o "$OUT" --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl
+  hallamonic convert smollm2-135m -o "$OUT" --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl "$@"
 fi
-EV="hallamonic eval $OUT --threads 2 --no-progress --name converted-selective"
+mkdir -p "$RES"
+cp "$OUT/README.md" "$RES/MODEL_CARD.md"
+cp "$OUT"/training/{metrics.jsonl,report.json,recipe.yaml,loss.png} "$RES/"
+EV="hallamonic eval $OUT --threads 2 --no-progress --name ${NAME:-converted-selective}"
 $EV --task context --data ../shared/data/fineweb_edu_head_heldout.txt --context-lengths 1024,4096 --output-dir $RES/context
 $EV --task lambada --data ../shared/data/lambada_openai_dev1000.jsonl --limit 300 --output-dir $RES/lambada
 $EV --task passkey --context-lengths 1K,2K,4K --trials 10 --output-dir $RES/passkey

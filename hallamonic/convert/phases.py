@@ -4,6 +4,12 @@ Phase 1 (attention transfer): the frozen teacher runs once; for every layer, the
 HarmonicBlock gets the exact input the teacher's attention got and regresses that attention's
 output. Layers train side by side from one teacher pass, so errors cannot compound.
 
+With a teacher pool (``phase1.teacher_pool``) phase 1 trains for many epochs on a fixed set of
+sequences and captures each one's attention I/O once: the teacher pass, half of a phase-1 step's
+cost, is paid once per sequence instead of once per step. Measured on SmolLM2 (four layers, 180
+steps on a pool of 48 x 512 tokens), the held-out transfer error matched 140 steps on 287K fresh
+tokens: the mixers are small, and what limits them is optimisation, not data.
+
 Phase 2 (end-to-end): the student runs alone on next-token prediction, optionally pulled toward
 the teacher's distribution (KL) where the teacher is inside its positional window.
 """
@@ -69,11 +75,36 @@ def attention_transfer_errors(student: nn.Module, teacher: nn.Module, input_ids:
     return errors
 
 
-def phase1_loss(teacher: nn.Module):
-    """Loss function of phase 1 for the trainer: mean normalised MSE over layers."""
+class TeacherPool:
+    """The teacher's attention I/O per training sequence, captured on first sight and then reused.
+
+    Keyed by the sequence's tokens, so it needs no cooperation from the batch order; holds
+    ``2 x layers x seq_len x hidden`` values per sequence in the teacher's dtype.
+    """
+
+    def __init__(self, teacher: nn.Module):
+        self.teacher = teacher
+        self.rows: dict[bytes, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+
+    def __call__(self, batch: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        keys = [row.numpy().tobytes() for row in batch.cpu()]
+        missing = [key for key in dict.fromkeys(keys) if key not in self.rows]
+        if missing:
+            inputs, outputs = capture_attention_io(self.teacher, batch[[keys.index(key) for key in missing]])
+            for j, key in enumerate(missing):
+                self.rows[key] = ([x[j] for x in inputs], [y[j] for y in outputs])
+        layers = len(self.rows[keys[0]][0])
+        stack = lambda part, layer: torch.stack([self.rows[key][part][layer] for key in keys])  # noqa: E731 - (B, L, H)
+        return [stack(0, layer) for layer in range(layers)], [stack(1, layer) for layer in range(layers)]
+
+
+def phase1_loss(teacher: nn.Module, pool: bool = False):
+    """Loss function of phase 1 for the trainer: mean normalised MSE over layers. With ``pool`` the
+    teacher's attention I/O of each sequence is captured once (:class:`TeacherPool`)."""
+    capture = TeacherPool(teacher) if pool else (lambda batch: capture_attention_io(teacher, batch))
 
     def loss_fn(stack: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        inputs, targets = capture_attention_io(teacher, batch)
+        inputs, targets = capture(batch)
         return stack(inputs, targets).mean()
 
     return loss_fn

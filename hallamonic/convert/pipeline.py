@@ -90,8 +90,16 @@ def _tokens_needed(recipe: Recipe, world: int) -> int:
         phase.steps * phase.batch_size * recipe.train.grad_accum * world * phase.seq_len
         for phase in (recipe.phase1, recipe.phase2)
     ]
+    if recipe.phase1.teacher_pool > 0:  # phase 1 cycles over its pool
+        needs[0] = min(needs[0], recipe.phase1.teacher_pool * recipe.phase1.seq_len)
     longest = max(recipe.phase1.seq_len, recipe.phase2.seq_len)
     return max(max(needs), longest) + longest
+
+
+def _phase1_tokens(recipe: Recipe, tokens):
+    """Phase 1's training stream: with a teacher pool, only its first ``teacher_pool`` sequences."""
+    pool = recipe.phase1.teacher_pool
+    return tokens[: pool * recipe.phase1.seq_len] if pool > 0 else tokens
 
 
 def _load_tokens(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool):
@@ -214,8 +222,8 @@ def convert(
         results.append(
             run_phase(
                 name="phase1", accelerator=accelerator, module=stack, trainable=trainable,
-                loss_fn=phase1_loss(teacher),
-                batches=PackedBatches(tokens, recipe.phase1.seq_len, seed=recipe.seed),
+                loss_fn=phase1_loss(teacher, pool=recipe.phase1.teacher_pool > 0),
+                batches=PackedBatches(_phase1_tokens(recipe, tokens), recipe.phase1.seq_len, seed=recipe.seed),
                 section=recipe.phase1, train=recipe.train, checkpointing=recipe.checkpoint,
                 checkpoint_root=_phase_checkpoints(out, "phase1"), log=log, resume=resume,
             )

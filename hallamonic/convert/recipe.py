@@ -67,6 +67,7 @@ class DataSection:
 @dataclass
 class Phase1Section(PhaseSection):
     normalize: bool = True  # per-layer MSE divided by the teacher output's mean square
+    teacher_pool: int = 0  # > 0: train on at most this many sequences, the teacher's attention I/O captured once each
 
 
 @dataclass
@@ -113,7 +114,7 @@ CHOICES = {
 POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.batch_size", "train.grad_accum"}
 NON_NEGATIVE = {
     "phase1.steps", "phase2.steps", "phase1.warmup_steps", "phase2.warmup_steps", "checkpoint.every",
-    "phase2.kl_weight", "phase2.lora_rank", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
+    "phase2.kl_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
     "harmonic.short_conv_size",
 }
 

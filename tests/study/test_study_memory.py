@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import platform
+import subprocess
+import sys
 
 import pytest
 
@@ -27,3 +30,10 @@ def test_cpu_wall_measures_and_stops_at_the_limit(tmp_path):
     assert json.loads((tmp_path / "memory.json").read_text()) == results
     assert "| harmonic |" in (tmp_path / "memory.md").read_text()
     assert (tmp_path / "memory.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the mmap threshold is a glibc setting")
+def test_memory_child_can_fix_the_mmap_threshold():
+    # In a fresh interpreter: the setting would slow every later test in this one.
+    code = "from hallamonic.study.memory import return_freed_memory as r; raise SystemExit(0 if r() else 1)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,177 @@
+"""Attention-transfer probe: which HarmonicBlock variant reproduces SmolLM2's attention best?
+
+Phase 1 trains every layer independently on the teacher's own attention inputs/outputs, so a few
+layers trained alone measure what a variant does to phase 1 at a fraction of its cost. For each
+variant: build the block of layers LAYERS from the teacher's attention (init_from_attention),
+calibrate like the pipeline, train STEPS AdamW steps on TRAIN_SEQS x 512 training tokens, report
+the normalised MSE on 2 x 512 held-out tokens (the pipeline's probe) before and after.
+
+Variants (the feature map phi is applied to the write / read vectors per head):
+  identity/none  - today's block: y = S q / sqrt(N)
+  identity/rms   - plus a per-head RMSNorm of each level's read-out (GLA-style)
+  elu/den        - phi = elu + 1, read-out divided by the same scan over ones (normalised)
+  hedgehog/den   - phi(x) = [softmax(Wx), softmax(-Wx)] per head, W learnable (identity init), normalised
+
+Options after a third slash: hierarchy=false, short_conv_size=4, timescale_bands=[[1,64],...], lr=5e-3,
+steps=180 (e.g. identity/none/short_conv_size=4/lr=5e-3).
+
+Usage: python evals/results/smollm2-135m-transfer-probe/probe.py [variant ...]
+(needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hallamonic.convert.phases import capture_attention_io
+from hallamonic.convert.pipeline import _transfer_probe, load_base_model
+from hallamonic.convert.recipe import load_recipe
+from hallamonic.convert.surgery import student_config
+from hallamonic.loading import smollm2_gguf_path
+from hallamonic.modeling.hallamonic_selective_scan import selective_scan
+import types
+
+from hallamonic.modeling.modeling_hallamonic import HallamonicPreTrainedModel, HarmonicBlock
+from hallamonic.training.packing import PackedBatches
+
+LAYERS = [3, 11, 19, 27]
+TRAIN_SEQS = 48
+STEPS = 60
+BATCH = 4
+LR = 2e-3
+
+
+class ProbeBlock(HarmonicBlock):
+    def __init__(self, config, feature: str, normalise: str, layer_idx: int = 0):
+        super().__init__(config, layer_idx)
+        self.feature, self.normalise = feature, normalise
+        n = config.state_size
+        if feature == "hedgehog":
+            eye = torch.eye(n)
+            self.fk = nn.Parameter(eye.repeat(config.num_key_value_heads, 1, 1))  # (Hkv, N, N)
+            self.fq = nn.Parameter(eye.repeat(config.num_attention_heads, 1, 1))  # (H, N, N)
+        if normalise == "rms":
+            self.out_norm = nn.Parameter(torch.ones(config.num_attention_heads * config.head_dim))
+
+    def _phi(self, x, weight):  # x: (B, L, h, N)
+        if self.feature == "identity":
+            return x
+        if self.feature == "elu":
+            return F.elu(x) + 1
+        z = torch.einsum("blhn,hmn->blhm", x, weight)
+        return torch.cat([z.softmax(-1), (-z).softmax(-1)], -1)  # (B, L, h, 2N)
+
+    def _state_maps(self, write, read):
+        B, L, _ = write.shape
+        n = self.state_size
+        k = self._phi(write.float().view(B, L, self.num_kv_heads, n), getattr(self, "fk", None))
+        q = self._phi(read.float().view(B, L, -1, n), getattr(self, "fq", None))
+        k = k.unsqueeze(3).expand(-1, -1, -1, self.kv_groups, -1).reshape(B, L, -1, k.shape[-1])
+        return k, q * k.shape[-1] ** -0.5
+
+    def _level(self, log_a, level_input, maps, state, mask):
+        log_a = log_a.clamp_min(-3.0)
+        rate = -torch.expm1(log_a)
+        b = rate * level_input.float()
+        B, L, W = b.shape
+        P = self.head_dim
+        split = lambda t: t.reshape(B, L, W // P, P)  # noqa: E731
+        write, read = maps
+        y, new = selective_scan(split(b), split(log_a), write, read, None)
+        if self.normalise == "den":
+            den, _ = selective_scan(split(rate), split(log_a), write, read, None)
+            y = y / den.clamp_min(1e-6)
+        elif self.normalise == "rms":
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+            y = y * split(self.out_norm.view(1, 1, -1).expand(B, L, -1)).float()
+        return y.reshape(B, L, W), new
+
+
+def normalised_mse(block, x, y):
+    pred = block(x)[0].float()
+    return ((pred - y.float()).pow(2).mean() / y.float().pow(2).mean()).item()
+
+
+def main(variants):
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
+    teacher, tokenizer = load_base_model(recipe.base.model)
+    teacher.eval().requires_grad_(False)
+    tokens = np.load("outputs/smollm2-n64/training/tokens.npy")
+    seqs = PackedBatches(tokens, 512, seed=0).sequences[:TRAIN_SEQS]
+    probe, source = _transfer_probe(recipe, tokens, tokenizer)
+    t0 = time.time()
+    train_io = {i: ([], []) for i in LAYERS}
+    for start in range(0, len(seqs), 4):
+        ins, outs = capture_attention_io(teacher, seqs[start : start + 4])
+        for i in LAYERS:
+            train_io[i][0].append(ins[i]); train_io[i][1].append(outs[i])
+    train_io = {i: (torch.cat(a), torch.cat(b)) for i, (a, b) in train_io.items()}
+    ins, outs = capture_attention_io(teacher, probe)
+    held = {i: (ins[i], outs[i]) for i in LAYERS}
+    print(f"captured {len(seqs)} x 512 training + {source} in {time.time() - t0:.0f}s", flush=True)
+    results = {}
+    for variant in variants:
+        feature, normalise, *extra = variant.split("/")
+        overrides = dict(e.split("=") for e in extra)
+        harmonic = recipe.harmonic
+        casts = {"hierarchy": lambda v: v == "true", "short_conv_size": int, "timescale_bands": json.loads}
+        harmonic = type(harmonic)(**{**harmonic.__dict__, **{k: casts[k](v) for k, v in overrides.items() if k in casts}})
+        lr = float(overrides.get("lr", LR))
+        steps = int(overrides.get("steps", STEPS))
+        config = student_config(teacher, harmonic)
+        row = {}
+        t0 = time.time()
+        for i in LAYERS:
+            torch.manual_seed(i)
+            block = ProbeBlock(config, feature, normalise, i)
+            for module in block.modules():  # the model's own init (gate timescales, zero up-projections, conv identity)
+                HallamonicPreTrainedModel._init_weights(types.SimpleNamespace(config=config), module)
+            block.init_from_attention(teacher.model.layers[i].self_attn)
+            x_cal, y_cal = train_io[i][0][:2], train_io[i][1][:2]
+            with torch.no_grad():  # the pipeline's calibration
+                rms = block.value_stream(x_cal).float().pow(2).mean().sqrt().item()
+                for norm in block.error_norms:
+                    norm.weight.fill_(rms)
+                m = block(x_cal)[0].float()
+                block.o_proj.weight.mul_((m * y_cal).sum() / (m * m).sum())
+            calibrated = normalised_mse(block, *held[i])
+            params = [p for p in block.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+            warm = max(steps // 10, 1)
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / (steps - warm)))
+            )
+            g = torch.Generator().manual_seed(i)
+            for step in range(steps):
+                idx = torch.randint(0, len(seqs), (BATCH,), generator=g)
+                x, y = train_io[i][0][idx], train_io[i][1][idx]
+                pred = block(x)[0].float()
+                loss = (pred - y.float()).pow(2).mean() / y.float().pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step(); sched.step()
+            with torch.no_grad():
+                row[i] = {"calibrated": calibrated, "trained": normalised_mse(block, *held[i])}
+            print(f"  {variant} layer {i}: {row[i]['calibrated']:.3f} -> {row[i]['trained']:.3f}", flush=True)
+        mean = {k: sum(r[k] for r in row.values()) / len(row) for k in ("calibrated", "trained")}
+        print(f"{variant}: calibrated {mean['calibrated']:.3f} trained {mean['trained']:.3f} ({time.time() - t0:.0f}s)", flush=True)
+        results[variant] = {"layers": row, "mean": mean, "seconds": time.time() - t0, "steps": steps, "lr": lr}
+        with open("evals/results/smollm2-135m-transfer-probe/results.jsonl", "a") as f:  # one line per variant, as it ends
+            f.write(json.dumps({"variant": variant, "train_seqs": TRAIN_SEQS, **results[variant]}) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    variants = sys.argv[1:] or ["identity/none", "identity/rms", "elu/den", "hedgehog/den"]
+    main(variants)

@@ -1,0 +1,62 @@
+"""Phase objectives: the teacher pool reuses the teacher's attention I/O exactly."""
+
+from __future__ import annotations
+
+import torch
+
+import hallamonic.convert.phases as phases
+from hallamonic.convert.phases import MixerStack, TeacherPool, capture_attention_io, phase1_loss
+from hallamonic.convert.pipeline import convert
+from hallamonic.convert.recipe import HarmonicSection, load_recipe
+from hallamonic.convert.surgery import build_student
+from hallamonic.tiny import build_tiny_llama
+
+
+def _teacher_passes(teacher) -> list[int]:
+    rows: list[int] = []
+    teacher.model.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    return rows
+
+
+def test_pool_returns_the_teachers_io_and_runs_it_once_per_sequence():
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    a, b, c = torch.randint(0, 300, (3, 1, 24))
+    pool = TeacherPool(teacher)
+    passes = _teacher_passes(teacher)
+    for batch in (torch.cat([a, b]), torch.cat([b, a, b]), torch.cat([c, a])):
+        got_in, got_out = pool(batch)
+        want_in, want_out = capture_attention_io(teacher, batch)
+        for got, want in zip(got_in + got_out, want_in + want_out):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # per batch, the pool's pass (if any) then the reference pass: [a, b] -> 2 rows, 2;
+    # [b, a, b] -> no pool pass, 3; [c, a] -> only c, 2
+    assert passes == [2, 2, 3, 1, 2]
+
+
+def test_pooled_loss_equals_the_fresh_teacher_loss():
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    stack = MixerStack([layer.mixer for layer in student.model.layers])
+    batch = torch.randint(0, 300, (2, 32))
+    pooled = phase1_loss(teacher, pool=True)
+    assert pooled(stack, batch).item() > 0
+    torch.testing.assert_close(pooled(stack, batch), phase1_loss(teacher)(stack, batch))
+
+
+def test_conversion_with_a_pool_trains_on_its_sequences_only(tmp_path, monkeypatch):
+    pools = []
+
+    class Recorded(TeacherPool):
+        def __init__(self, teacher):
+            super().__init__(teacher)
+            pools.append(self)
+
+    monkeypatch.setattr(phases, "TeacherPool", Recorded)
+    recipe = load_recipe("tiny", ["phase1.steps=4", "phase1.teacher_pool=3", "phase2.steps=0", "checkpoint.every=0",
+                                  "eval.max_windows=0"])
+    report = convert(recipe, tmp_path / "out")
+    assert len(pools) == 1 and len(pools[0].rows) == 3  # 4 steps x 4 sequences drawn from a pool of 3
+    transfer = report["attention_transfer"]["normalised_mse"]
+    assert sum(transfer["phase1"]) < sum(transfer["calibrated"])
