@@ -218,7 +218,9 @@ def convert(
 
     phase1_done = False
     if "phase1" in phases and recipe.phase1.steps > 0:
-        stack = MixerStack([layer.mixer for layer in student.model.layers], normalize=recipe.phase1.normalize)
+        stack = MixerStack(
+            [layer.mixer for layer in student.model.layers], normalize=recipe.phase1.normalize, recompute=recipe.phase1.recompute
+        )
         results.append(
             run_phase(
                 name="phase1", accelerator=accelerator, module=stack, trainable=trainable,

@@ -68,6 +68,7 @@ class DataSection:
 class Phase1Section(PhaseSection):
     normalize: bool = True  # per-layer MSE divided by the teacher output's mean square
     teacher_pool: int = 0  # > 0: train on at most this many sequences, the teacher's attention I/O captured once each
+    recompute: bool = False  # rebuild each mixer's activations in backward: one mixer's live at a time
 
 
 @dataclass

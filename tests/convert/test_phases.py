@@ -60,3 +60,22 @@ def test_conversion_with_a_pool_trains_on_its_sequences_only(tmp_path, monkeypat
     assert len(pools) == 1 and len(pools[0].rows) == 3  # 4 steps x 4 sequences drawn from a pool of 3
     transfer = report["attention_transfer"]["normalised_mse"]
     assert sum(transfer["phase1"]) < sum(transfer["calibrated"])
+
+
+def test_recomputed_mixers_give_the_same_loss_and_gradients():
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    mixers = [layer.mixer for layer in student.model.layers]
+    inputs, targets = capture_attention_io(teacher, torch.randint(0, 300, (2, 40)))
+    grads = []
+    for recompute in (False, True):
+        stack = MixerStack(mixers, recompute=recompute)
+        stack.zero_grad()
+        loss = stack(inputs, targets).mean()
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in stack.parameters() if p.requires_grad]))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    assert len(grads[0][1]) > 10
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b)

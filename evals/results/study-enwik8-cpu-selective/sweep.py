@@ -1,5 +1,7 @@
 """The one-seed option sweep of README.md: python sweep.py NAME '{"config_key": value}' [recipe overrides JSON] [context].
-MAP_STD / READ_SCALE environment variables re-initialise the write/read maps / change the read scale."""
+MAP_STD / READ_SCALE environment variables re-initialise the write/read maps / change the read scale;
+PER_HEAD_TIMESCALES=1 gives each head one timescale per level (heads spread over the level's band)
+instead of every head spreading its channels over the band."""
 import os
 
 import torch
@@ -23,6 +25,13 @@ if os.environ.get("READ_SCALE"):
         wr, rd = _sm(self, w, r)
         return wr, rd * (self.state_size ** 0.5) * float(os.environ["READ_SCALE"])
     MH.HarmonicBlock._state_maps = _state_maps
+if os.environ.get("PER_HEAD_TIMESCALES"):
+    def timescales(self):
+        lo, hi = self.band
+        head = torch.arange(self.out_features, dtype=torch.float64) // self.head_dim  # (D,)
+        fraction = head / max(self.out_features // self.head_dim - 1, 1)
+        return lo * (hi / lo) ** fraction
+    MH.TimescaleLinear.timescales = timescales
 import json, sys, dataclasses
 from pathlib import Path
 import torch
@@ -45,4 +54,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
