@@ -190,8 +190,8 @@ def test_resume_after_a_crash_reaches_the_same_weights(converted, tmp_path, monk
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     real = pipeline.phase1_loss
 
-    def poisoned(teacher):
-        inner, step = real(teacher), {"n": 0}
+    def poisoned(teacher, pool=False):
+        inner, step = real(teacher, pool=pool), {"n": 0}
 
         def loss_fn(module, batch):
             step["n"] += 1
