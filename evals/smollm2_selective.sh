@@ -3,10 +3,10 @@
 # maps from k_proj/q_proj): conversion on 2 CPU cores with the bundled recipe, then the headline
 # evaluations on the shared data. Usage: bash evals/smollm2_selective.sh [OUT] [RESULTS] [--set KEY=VALUE ...]
 # (defaults outputs/smollm2-n64, evals/results/smollm2-135m-hallamonic-selective). Runs so far:
-#   selective state, recipe of 2026-12-01 (140 + 130 steps, no teacher pool): the defaults, with
-#     --set phase1.teacher_pool=0 --set phase1.steps=140 --set phase2.steps=130
-#   teacher pool (the bundled recipe now): NAME=converted-pool bash evals/smollm2_selective.sh \
-#     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool
+#   selective state, the bundled recipe (140 + 130 steps, fresh teacher in phase 1): the defaults
+#   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
+#     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
+#     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}

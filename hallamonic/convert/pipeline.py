@@ -90,16 +90,20 @@ def _tokens_needed(recipe: Recipe, world: int) -> int:
         phase.steps * phase.batch_size * recipe.train.grad_accum * world * phase.seq_len
         for phase in (recipe.phase1, recipe.phase2)
     ]
-    if recipe.phase1.teacher_pool > 0:  # phase 1 cycles over its pool
-        needs[0] = min(needs[0], recipe.phase1.teacher_pool * recipe.phase1.seq_len)
+    if _pool_tokens(recipe):  # phase 1 cycles over its pool
+        needs[0] = min(needs[0], _pool_tokens(recipe))
     longest = max(recipe.phase1.seq_len, recipe.phase2.seq_len)
     return max(max(needs), longest) + longest
 
 
+def _pool_tokens(recipe: Recipe) -> int:
+    """Tokens in phase 1's teacher pool (0: no pool, a fresh teacher pass per step)."""
+    return recipe.phase1.teacher_pool * recipe.phase1.seq_len
+
+
 def _phase1_tokens(recipe: Recipe, tokens):
     """Phase 1's training stream: with a teacher pool, only its first ``teacher_pool`` sequences."""
-    pool = recipe.phase1.teacher_pool
-    return tokens[: pool * recipe.phase1.seq_len] if pool > 0 else tokens
+    return tokens[: _pool_tokens(recipe)] if _pool_tokens(recipe) else tokens
 
 
 def _load_tokens(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool):
