@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Phase-2 variants of the bundled smollm2-135m conversion, each started from the SAME end-of-phase-1
+# checkpoint (the bundled run's, outputs/smollm2-n64 from evals/smollm2_selective.sh), so a row
+# costs one phase 2 (~24 min on 2 cores) instead of a whole conversion, and rows differ only in phase 2.
+# Usage: bash evals/results/smollm2-135m-phase2-sweep/run.sh NAME [--set phase2.KEY=VALUE ...]
+# Writes outputs/p2-NAME (the converted model) and evals/results/smollm2-135m-phase2-sweep/NAME/.
+set -euo pipefail
+NAME=$1; shift
+SRC=${SRC:-outputs/smollm2-n64}
+OUT=outputs/p2-$NAME
+RES=evals/results/smollm2-135m-phase2-sweep/$NAME
+G=$(python -c "from hallamonic.loading import smollm2_gguf_path as p; print(p())")
+export OMP_NUM_THREADS=2
+if [ ! -f "$OUT/model.safetensors" ]; then
+  mkdir -p "$OUT/training/checkpoints"
+  cp "$SRC/training/tokens.npy" "$OUT/training/"
+  [ -d "$OUT/training/checkpoints/phase1" ] || cp -r "$SRC/training/checkpoints/phase1" "$OUT/training/checkpoints/"
+  hallamonic convert smollm2-135m -o "$OUT" --resume --phases phase2 \
+    --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl "$@"
+fi
+mkdir -p "$RES"
+cp "$OUT"/training/{metrics.jsonl,report.json,recipe.yaml} "$RES/"
+EV="hallamonic eval $OUT --threads 2 --no-progress --name $NAME"
+$EV --task lambada --data ../shared/data/lambada_openai_dev1000.jsonl --limit 300 --output-dir $RES/lambada
+$EV --task context --data ../shared/data/fineweb_edu_head_heldout.txt --context-lengths 1024 --output-dir $RES/context
