@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,24 @@ def test_resume_after_a_crash_reaches_the_same_weights(converted, tmp_path, monk
     convert(load_recipe("tiny", FAST), out, resume=True)
     a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_phase2_alone_starts_from_a_finished_phase1(converted, tmp_path):
+    """`--phases phase2 --resume` in a folder holding another run's token cache and phase-1
+    checkpoints (how evals/results/smollm2-135m-phase2-sweep compares phase-2 settings) restores
+    that phase 1 and reaches the weights of the run that did both phases in one go."""
+    reference, report = converted
+    out = tmp_path / "out"
+    (out / "training" / "checkpoints").mkdir(parents=True)
+    shutil.copy(reference / "training" / "tokens.npy", out / "training" / "tokens.npy")
+    shutil.copytree(reference / "training" / "checkpoints" / "phase1", out / "training" / "checkpoints" / "phase1")
+    again = convert(load_recipe("tiny", FAST), out, phases=("phase2",), resume=True)
+    assert [p["name"] for p in again["phases"]] == ["phase2"]
+    transfer, expected = again["attention_transfer"]["normalised_mse"], report["attention_transfer"]["normalised_mse"]
+    assert transfer["phase1"] == pytest.approx(expected["phase1"], rel=1e-5)
+    a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
     for key in a:
         assert torch.equal(a[key], b[key]), key
 
