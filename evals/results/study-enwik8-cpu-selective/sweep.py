@@ -1,7 +1,8 @@
 """The one-seed option sweep of README.md: python sweep.py NAME '{"config_key": value}' [recipe overrides JSON] [context].
 MAP_STD / READ_SCALE environment variables re-initialise the write/read maps / change the read scale;
 PER_HEAD_TIMESCALES=1 gives each head one timescale per level (heads spread over the level's band)
-instead of every head spreading its channels over the band."""
+instead of every head spreading its channels over the band; GATE_BIAS_SCALE=s stores each gate's
+timescale bias as s * raw, so Adam moves the band edges s times faster (learnable band edges)."""
 import os
 
 import torch
@@ -17,6 +18,17 @@ def build(self, seed):
             if isinstance(mod, MH.StateMap):
                 with torch.no_grad():
                     mod.weight.normal_(0, float(std), generator=g)
+    scale = os.environ.get("GATE_BIAS_SCALE")
+    if scale:  # learnable band edges: the gate biases (timescales) move `scale` times faster under Adam
+        from torch.nn.utils import parametrize
+        class Scaled(torch.nn.Module):
+            def forward(self, raw):
+                return raw * float(scale)
+            def right_inverse(self, bias):
+                return bias / float(scale)
+        for mod in m.modules():
+            if isinstance(mod, MH.TimescaleLinear):
+                parametrize.register_parametrization(mod, "bias", Scaled())
     return m
 M.Architecture.build = build
 if os.environ.get("READ_SCALE"):
@@ -54,4 +66,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
