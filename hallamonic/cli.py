@@ -24,7 +24,10 @@ app = typer.Typer(
 # Command groups (one line each; keep this list short and flat).
 from hallamonic.bench.scan import app as bench_app  # noqa: E402
 
-app.add_typer(bench_app, name="bench", help="Benchmarks of the pieces (scan kernels vs memory-bound floors).")
+app.add_typer(bench_app, name="bench", help="Benchmarks of the pieces (scan kernels vs memory-bound floors) and of a conversion.")
+from hallamonic.convert.cli import throughput_command  # noqa: E402
+
+bench_app.command("convert", help="Phase-1 / phase-2 tokens/s of a conversion recipe here, and its full phases' wall time.")(throughput_command)
 from hallamonic.convert.cli import convert_command  # noqa: E402
 
 app.command("convert")(convert_command)

@@ -53,3 +53,30 @@ def convert_command(
             bits = ", ".join(f"{k}: {v:.3f}" for k, v in result["bits_per_token"].items())
             typer.echo(f"  held-out bits/token, {name}: {bits}")
 
+
+
+def throughput_command(
+    recipe: Annotated[str, typer.Argument(help="A bundled recipe name or a YAML file.")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key (repeatable), e.g. --set base.model=FILE.gguf.")] = None,
+    teacher_shape: Annotated[Optional[str], typer.Option(help="Use a random teacher with a known model's shapes (tinyllama-1.1b, smollm2-135m) instead of loading base.model.")] = None,
+    steps: Annotated[int, typer.Option(help="Timed optimizer steps per phase.")] = 4,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first (allocation, compilation).")] = 1,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also save the result as JSON here.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")] = False,
+) -> None:
+    """Phase-1 and phase-2 tokens/s of a conversion recipe on this machine, and the wall time of
+    its full phases at those rates (the pipeline's own code, on random token ids)."""
+    import json
+
+    from hallamonic.convert.recipe import load_recipe
+    from hallamonic.convert.throughput import format_throughput, measure_throughput
+    from hallamonic.training.recipe import RecipeError
+
+    try:
+        result = measure_throughput(load_recipe(recipe, set_ or []), teacher_shape=teacher_shape, steps=steps, warmup=warmup)
+    except (RecipeError, ValueError, FileNotFoundError, RuntimeError) as err:
+        fail(str(err), debug=debug)
+    typer.echo(format_throughput(result))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=1))

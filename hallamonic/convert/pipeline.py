@@ -217,23 +217,11 @@ def convert(
         f"({counts['student_trainable']:,} trainable in the HarmonicBlocks)"
     )
     log = MetricsLog(out / "training" / "metrics.jsonl", enabled=accelerator.is_main_process)
-    trainable = {name: p for name, p in student.named_parameters() if p.requires_grad}
     results: list[PhaseResult] = []
 
     phase1_done = False
     if "phase1" in phases and recipe.phase1.steps > 0:
-        stack = MixerStack(
-            [layer.mixer for layer in student.model.layers], normalize=recipe.phase1.normalize, recompute=recipe.phase1.recompute
-        )
-        results.append(
-            run_phase(
-                name="phase1", accelerator=accelerator, module=stack, trainable=trainable,
-                loss_fn=phase1_loss(teacher, pool=recipe.phase1.teacher_pool > 0),
-                batches=PackedBatches(_phase1_tokens(recipe, tokens), recipe.phase1.seq_len, seed=recipe.seed),
-                section=recipe.phase1, train=recipe.train, checkpointing=recipe.checkpoint,
-                checkpoint_root=_phase_checkpoints(out, "phase1"), log=log, resume=resume,
-            )
-        )
+        results.append(run_phase1(recipe, student, teacher, tokens, accelerator, out, log, resume))
         phase1_done = True
     elif "phase2" in phases:
         phase1_done = _restore_finished_phase(student, out, "phase1")
@@ -241,7 +229,7 @@ def convert(
         measure_transfer("phase1")
 
     if "phase2" in phases and recipe.phase2.steps > 0:
-        results.append(_run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume))
+        results.append(run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume))
 
     report = {
         "recipe": recipe.name,
@@ -263,7 +251,24 @@ def convert(
     return report
 
 
-def _run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
+def run_phase1(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
+    """Phase 1: every HarmonicBlock trained alone on its layer's teacher attention I/O."""
+    stack = MixerStack(
+        [layer.mixer for layer in student.model.layers], normalize=recipe.phase1.normalize, recompute=recipe.phase1.recompute
+    )
+    trainable = {name: p for name, p in student.named_parameters() if p.requires_grad}
+    return run_phase(
+        name="phase1", accelerator=accelerator, module=stack, trainable=trainable,
+        loss_fn=phase1_loss(teacher, pool=recipe.phase1.teacher_pool > 0),
+        batches=PackedBatches(_phase1_tokens(recipe, tokens), recipe.phase1.seq_len, seed=recipe.seed),
+        section=recipe.phase1, train=recipe.train, checkpointing=recipe.checkpoint,
+        checkpoint_root=_phase_checkpoints(out, "phase1"), log=log, resume=resume,
+    )
+
+
+def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
+    """Phase 2: the whole student end to end (next-token + KL to the teacher), MLPs and
+    embeddings frozen unless LoRA adapters are asked for (merged back afterwards)."""
     section = recipe.phase2
     model = student
     if section.lora_rank > 0:

@@ -71,6 +71,9 @@ def plot_results(results: dict, output_dir: str | Path) -> list[Path]:
     task = next(iter(results.values()))["task"]
     out = Path(output_dir)
     paths = []
+    measured = {"context": "bits_per_token", "passkey": "accuracy"}.get(task)
+    if measured and not any(r.get(measured) for r in results.values()):
+        return paths  # every length was skipped (e.g. shorter than the prompt): nothing to draw
     if task == "context":
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         for name, r in results.items():

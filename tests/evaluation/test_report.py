@@ -34,3 +34,11 @@ def test_lambada_and_passkey_tables(tmp_path):
     pk = {"m": {"task": "passkey", "accuracy": {"1024": 1.0, "2048": 0.5}, "trials": 2, "not_run": {}}}
     assert "| m | 1.00 | 0.50 |" in markdown_table(pk)
     assert plot_results(pk, tmp_path)[0].name == "passkey.png"
+
+
+def test_no_plot_when_every_length_was_skipped(tmp_path):
+    """A passkey run whose lengths are all shorter than the prompt has nothing to draw (it used
+    to crash matplotlib's log axis)."""
+    pk = {"m": {"task": "passkey", "accuracy": {}, "trials": 2, "not_run": {"128": "shorter than the prompt"}}}
+    assert plot_results(pk, tmp_path) == []
+    assert "not run" in markdown_table(pk)
