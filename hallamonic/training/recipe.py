@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,9 @@ _TYPES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
 }
 
 
+_FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
     """Check ``value`` against a field's annotation (a string under ``from __future__``), e.g.
     ``int``, ``int | None`` or ``str | dict | None``: the first type that accepts it wins."""
@@ -100,6 +104,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             return float(value) if option == "float" else value
         if option == "int" and isinstance(value, float) and value.is_integer():
             return int(value)
+        if option == "float" and isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 2e-4 (no dot) as a string; a user means the number
     wanted = " or ".join(_TYPES[t][1] for t in options)
     raise RecipeError(f"recipe key `{key}` must be {wanted}, got {value!r}")
 

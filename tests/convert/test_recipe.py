@@ -39,6 +39,14 @@ def test_set_overrides_values_with_yaml_types():
     assert recipe.harmonic.output_gate is True and recipe.phase1.lr == 0.01
 
 
+def test_exponent_without_a_dot_is_a_number():
+    """YAML 1.1 reads `2e-4` as a string; for a number field it means the number."""
+    recipe = load_recipe("tiny", ["phase2.lr=2e-4", "phase1.lr=1E3"])
+    assert recipe.phase2.lr == 2e-4 and recipe.phase1.lr == 1000.0
+    with pytest.raises(RecipeError, match=r"`phase2.lr` must be a number, got 'fast'"):
+        load_recipe("tiny", ["phase2.lr=fast"])
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
