@@ -19,7 +19,8 @@ if [ ! -f "$OUT/model.safetensors" ]; then
     --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl "$@"
 fi
 mkdir -p "$RES"
-cp "$OUT"/training/{metrics.jsonl,report.json,recipe.yaml} "$RES/"
+cp "$OUT"/training/{report.json,recipe.yaml} "$RES/"
+[ -f "$OUT/training/metrics.jsonl" ] && cp "$OUT/training/metrics.jsonl" "$RES/"  # none when phase2.steps=0
 EV="hallamonic eval $OUT --threads 2 --no-progress --name $NAME"
 $EV --task lambada --data ../shared/data/lambada_openai_dev1000.jsonl --limit 300 --output-dir $RES/lambada
 $EV --task context --data ../shared/data/fineweb_edu_head_heldout.txt --context-lengths 1024 --output-dir $RES/context
