@@ -3,7 +3,9 @@
 # maps from k_proj/q_proj): conversion on 2 CPU cores with the bundled recipe, then the headline
 # evaluations on the shared data. Usage: bash evals/smollm2_selective.sh [OUT] [RESULTS] [--set KEY=VALUE ...]
 # (defaults outputs/smollm2-n64, evals/results/smollm2-135m-hallamonic-selective). Runs so far:
-#   selective state, the bundled recipe (140 + 130 steps, fresh teacher in phase 1): the defaults
+#   selective state, 140 + 130 steps, fresh teacher in phase 1, phase-2 lr 5e-4 (the recipe before
+#     phase 2 was tuned): the defaults plus --set phase2.lr=5.0e-4. The recipe now (phase-2 lr 2e-4)
+#     was measured by rerunning phase 2 from that run's phase 1: evals/results/smollm2-135m-phase2-sweep/run.sh
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
