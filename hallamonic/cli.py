@@ -25,12 +25,10 @@ app = typer.Typer(
 from hallamonic.bench.scan import app as bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench", help="Benchmarks of the pieces (scan kernels vs memory-bound floors) and of a conversion.")
-from hallamonic.convert.cli import throughput_command  # noqa: E402
-
-bench_app.command("convert", help="Phase-1 / phase-2 tokens/s of a conversion recipe here, and its full phases' wall time.")(throughput_command)
-from hallamonic.convert.cli import convert_command  # noqa: E402
+from hallamonic.convert.cli import convert_command, throughput_command  # noqa: E402
 
 app.command("convert")(convert_command)
+bench_app.command("convert", help="Phase-1 / phase-2 tokens/s of a conversion recipe here, and its full phases' wall time.")(throughput_command)
 from hallamonic.evaluation.cli import eval_command  # noqa: E402
 
 app.command("eval", help="Evaluate a model and its fair baselines: LAMBADA, loss by context length, passkey.")(eval_command)
