@@ -13,7 +13,6 @@ Library: :func:`measure_throughput`. CLI: ``hallamonic bench convert RECIPE`` (`
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 from hallamonic.convert.pipeline import DTYPES, load_base_model, run_phase1, run_phase2
 from hallamonic.convert.recipe import Recipe, load_recipe
 from hallamonic.convert.surgery import build_student
-from hallamonic.training.trainer import MetricsLog, make_accelerator
+from hallamonic.training.trainer import make_accelerator
 
 # Shapes of the models the bundled recipes convert (their config.json), for random teachers.
 TEACHER_SHAPES = {
@@ -35,6 +34,16 @@ TEACHER_SHAPES = {
         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True,
     ),
 }
+
+
+class _StepRecords:
+    """Keeps ``run_phase``'s per-step metrics in memory (the interface of ``MetricsLog``)."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def write(self, **record) -> None:
+        self.records.append(record)
 
 
 def random_teacher(shape: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -77,12 +86,10 @@ def measure_throughput(
         run_recipe = dataclasses.replace(recipe, train=timed, checkpoint=dataclasses.replace(recipe.checkpoint, every=0), **{name: short})
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        with tempfile.TemporaryDirectory() as scratch:
-            out = Path(scratch)
-            log = MetricsLog(out / "metrics.jsonl", enabled=True)
-            runner(run_recipe, student, teacher, tokens, accelerator, out, log, False)
-            records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        rates = [r["tokens_per_s"] for r in records if r.get("tokens_per_s") and r["step"] > warmup]
+        log = _StepRecords()
+        with tempfile.TemporaryDirectory() as scratch:  # the phase's end-of-phase checkpoint lands here
+            runner(run_recipe, student, teacher, tokens, accelerator, Path(scratch), log, False)
+        rates = [r["tokens_per_s"] for r in log.records if r.get("tokens_per_s") and r["step"] > warmup]
         if not rates:
             raise RuntimeError(f"{name}: no timed step finished (every step was non-finite?)")
         rate = statistics.median(rates)
