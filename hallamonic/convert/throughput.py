@@ -16,10 +16,12 @@ import dataclasses
 import statistics
 import tempfile
 from pathlib import Path
+
 import numpy as np
 import torch
+
 from hallamonic.convert.pipeline import DTYPES, load_base_model, run_phase1, run_phase2
-from hallamonic.convert.recipe import Recipe, load_recipe
+from hallamonic.convert.recipe import Recipe
 from hallamonic.convert.surgery import build_student
 from hallamonic.training.trainer import make_accelerator
 
