@@ -117,13 +117,16 @@ def phase1_loss(teacher: nn.Module, pool: bool = False):
     return loss_fn
 
 
-def phase2_loss(teacher: nn.Module | None, kl_weight: float, teacher_window: int | None, chunk_size: int = 0):
-    """Loss function of phase 2: next-token cross-entropy (+ kl_weight * KL(teacher || student)
-    over the positions the teacher can see within its window)."""
+def phase2_loss(
+    teacher: nn.Module | None, kl_weight: float, teacher_window: int | None, chunk_size: int = 0, ce_weight: float = 1.0
+):
+    """Loss function of phase 2: ce_weight * next-token cross-entropy + kl_weight * KL(teacher || student)
+    over the positions the teacher can see within its window. ce_weight 0 distils only: the student
+    learns the teacher's whole next-token distribution, not the one observed token."""
 
     def loss_fn(student: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         out = student(input_ids=batch, labels=batch, use_cache=False, chunk_size=chunk_size or None)
-        loss = out.loss
+        loss = ce_weight * out.loss
         if kl_weight > 0 and teacher is not None:
             n = min(batch.shape[1], teacher_window or batch.shape[1])
             with torch.no_grad():

@@ -285,7 +285,7 @@ def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) 
     window = getattr(teacher.config, "max_position_embeddings", None)
     result = run_phase(
         name="phase2", accelerator=accelerator, module=model, trainable=trainable,
-        loss_fn=phase2_loss(teacher, section.kl_weight, window, section.chunk_size),
+        loss_fn=phase2_loss(teacher, section.kl_weight, window, section.chunk_size, section.ce_weight),
         batches=PackedBatches(tokens, section.seq_len, seed=recipe.seed + 1),
         section=section, train=recipe.train, checkpointing=recipe.checkpoint,
         checkpoint_root=_phase_checkpoints(out, "phase2"), log=log, resume=resume,
@@ -453,7 +453,7 @@ def model_card(recipe: Recipe, report: dict) -> str:
     lines += [
         "",
         "Phase 1 loss is the per-layer MSE to the teacher's attention output divided by its mean square; "
-        "phase 2 loss is the next-token cross-entropy plus `phase2.kl_weight` x KL(teacher || student), in nats.",
+        "phase 2 loss is `phase2.ce_weight` x next-token cross-entropy plus `phase2.kl_weight` x KL(teacher || student), in nats.",
         "",
     ]
     return "\n".join(lines)
@@ -475,7 +475,7 @@ def _plot_losses(metrics: Path, png: Path) -> None:
     if not series:
         return
     fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.5), squeeze=False)
-    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase2": "cross-entropy + kl_weight x KL (nats)"}
+    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase2": "ce_weight x CE + kl_weight x KL (nats)"}
     for ax, (phase, points) in zip(axes[0], sorted(series.items())):
         steps = sorted(points)
         ax.plot(steps, [points[s] for s in steps], marker=".")

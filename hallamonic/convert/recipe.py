@@ -75,6 +75,7 @@ class Phase1Section(PhaseSection):
 class Phase2Section(PhaseSection):
     lr: float = 3e-4
     kl_weight: float = 0.0  # weight of KL(teacher || student) inside the teacher's window
+    ce_weight: float = 1.0  # weight of the next-token cross-entropy (0 with kl_weight > 0: pure distillation)
     lora_rank: int = 0  # > 0: LoRA adapters (peft) on the frozen MLPs, merged at export
     lora_alpha: float = 16.0
     gradient_checkpointing: bool = False
@@ -115,7 +116,7 @@ CHOICES = {
 POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.batch_size", "train.grad_accum"}
 NON_NEGATIVE = {
     "phase1.steps", "phase2.steps", "phase1.warmup_steps", "phase2.warmup_steps", "checkpoint.every",
-    "phase2.kl_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
+    "phase2.kl_weight", "phase2.ce_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
     "harmonic.short_conv_size",
 }
 
@@ -134,6 +135,8 @@ def _validate(recipe: Recipe) -> None:
     for key in ("phase1.lr", "phase2.lr"):
         if not flat[key] > 0:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {flat[key]!r}")
+    if recipe.phase2.steps > 0 and recipe.phase2.ce_weight == 0 and recipe.phase2.kl_weight == 0:
+        raise RecipeError("phase 2 has nothing to learn from: set `phase2.ce_weight` or `phase2.kl_weight` above 0 (or phase2.steps=0)")
     if not 0.0 <= recipe.data.heldout_fraction < 1.0:
         raise RecipeError(f"recipe key `data.heldout_fraction` must be in [0, 1), got {recipe.data.heldout_fraction!r}")
     state_size = recipe.harmonic.state_size

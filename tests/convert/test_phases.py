@@ -1,11 +1,14 @@
-"""Phase objectives: the teacher pool reuses the teacher's attention I/O exactly."""
+"""Phase objectives: the teacher pool reuses the teacher's attention I/O exactly; phase 2 weighs
+cross-entropy and KL as the recipe says."""
 
 from __future__ import annotations
 
 import torch
 
 import hallamonic.convert.phases as phases
-from hallamonic.convert.phases import MixerStack, TeacherPool, capture_attention_io, phase1_loss
+import torch.nn.functional as F
+
+from hallamonic.convert.phases import MixerStack, TeacherPool, capture_attention_io, phase1_loss, phase2_loss
 from hallamonic.convert.pipeline import convert
 from hallamonic.convert.recipe import HarmonicSection, load_recipe
 from hallamonic.convert.surgery import build_student
@@ -79,3 +82,23 @@ def test_recomputed_mixers_give_the_same_loss_and_gradients():
     assert len(grads[0][1]) > 10
     for a, b in zip(grads[0][1], grads[1][1]):
         torch.testing.assert_close(a, b)
+
+
+def test_phase2_loss_weighs_cross_entropy_and_kl_to_the_teacher():
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    batch = torch.randint(0, 300, (2, 24))
+    window = 16  # the teacher's window: KL covers the first 16 positions only
+    with torch.no_grad():
+        logp = student(input_ids=batch).logits.log_softmax(-1)  # (2, 24, vocab)
+        teacher_logp = teacher(input_ids=batch[:, :window]).logits.log_softmax(-1)  # (2, 16, vocab)
+        ce = F.cross_entropy(logp[:, :-1].reshape(-1, 300), batch[:, 1:].reshape(-1))
+        kl = (teacher_logp.exp() * (teacher_logp - logp[:, :window])).sum(-1).mean()  # KL(teacher || student), mean per position
+        ce_only = phase2_loss(teacher, kl_weight=0.0, teacher_window=window)(student, batch)
+        kl_only = phase2_loss(teacher, kl_weight=2.0, teacher_window=window, ce_weight=0.0)(student, batch)
+        both = phase2_loss(teacher, kl_weight=0.5, teacher_window=window, ce_weight=3.0)(student, batch)
+    assert kl > 1e-3  # the terms differ, so a swapped weight would show
+    torch.testing.assert_close(ce_only, ce)
+    torch.testing.assert_close(kl_only, 2.0 * kl)
+    torch.testing.assert_close(both, 3.0 * ce + 0.5 * kl)

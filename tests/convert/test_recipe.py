@@ -54,6 +54,7 @@ def test_exponent_without_a_dot_is_a_number():
         ("phase1.steps=three", r"`phase1.steps` must be an integer"),
         ("phase1.steps=-1", r"`phase1.steps` must be >= 0"),
         ("phase2.seq_len=0", r"`phase2.seq_len` must be > 0"),
+        ("phase2.ce_weight=-1", r"`phase2.ce_weight` must be >= 0"),
         ("train.on_nan=ignore", r"`train.on_nan` must be one of"),
         ("harmonic.hierarchy=maybe", r"`harmonic.hierarchy` must be true or false"),
         ("eval.context_lengths=[1024, -5]", r"`eval.context_lengths` must be positive integers"),
@@ -63,6 +64,12 @@ def test_exponent_without_a_dot_is_a_number():
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe("tiny", [override])
+
+
+def test_phase2_needs_a_loss_term():
+    with pytest.raises(RecipeError, match="phase 2 has nothing to learn from"):
+        load_recipe("tiny", ["phase2.ce_weight=0", "phase2.kl_weight=0"])
+    assert load_recipe("tiny", ["phase2.ce_weight=0", "phase2.kl_weight=0", "phase2.steps=0"]).phase2.steps == 0
 
 
 def test_unknown_key_in_a_file_is_rejected(tmp_path):
