@@ -1,0 +1,82 @@
+"""Where does the converted SmolLM2 lose LAMBADA? Score the teacher with its attention swapped for
+the converted model's HarmonicBlocks in some layers only (the other layers keep softmax attention).
+
+The converted model's norms, MLPs and embeddings are the teacher's own, frozen (no LoRA in the
+scored run), so swapping every layer reproduces the converted model, and swapping none the teacher.
+
+Usage: python swap.py CONVERTED_DIR LAYERS [LAYERS ...] [--limit 300]
+LAYERS: "all", "none", "A-B" (inclusive) or comma lists such as "0-4,20-29"; "converted" scores the
+converted model itself (a check that "all" reproduces it).
+Appends one line per LAYERS to results.jsonl beside this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hallamonic.evaluation.data import lambada_texts
+from hallamonic.evaluation.lambada import evaluate_lambada
+from hallamonic.loading import load_causal_lm, smollm2_gguf_path
+
+HERE = Path(__file__).parent
+LAMBADA = HERE / "../../../../shared/data/lambada_openai_dev1000.jsonl"
+
+
+class BlockAsAttention(nn.Module):
+    """A HarmonicBlock behind LlamaAttention's call signature: (output, no attention weights)."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        y, _ = self.block(hidden_states)  # a fresh (zero) state per sequence, like the converted model
+        return y, None
+
+
+def parse_layers(text: str, count: int) -> list[int]:
+    if text == "all":
+        return list(range(count))
+    if text == "none":
+        return []
+    layers: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        layers += range(int(lo), int(hi or lo) + 1)
+    return layers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("converted")
+    parser.add_argument("layers", nargs="+")
+    parser.add_argument("--limit", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
+    student, _ = load_causal_lm(args.converted)
+    attentions = [layer.self_attn for layer in teacher.model.layers]
+    blocks = [BlockAsAttention(layer.mixer) for layer in student.model.layers]
+    texts = lambada_texts(LAMBADA, args.limit)
+    for spec in args.layers:
+        swapped = set(parse_layers(spec, len(attentions))) if spec != "converted" else set()
+        for i, layer in enumerate(teacher.model.layers):
+            layer.self_attn = blocks[i] if i in swapped else attentions[i]
+        start = time.time()
+        with torch.no_grad():
+            result = evaluate_lambada(student if spec == "converted" else teacher, tokenizer, texts, progress=False)
+        row = {"converted": args.converted, "swapped": spec, "layers": sorted(swapped), **result,
+               "seconds": round(time.time() - start, 1)}
+        print(json.dumps(row), flush=True)
+        with open(HERE / "results.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
