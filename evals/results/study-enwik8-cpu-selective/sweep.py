@@ -2,7 +2,10 @@
 MAP_STD / READ_SCALE environment variables re-initialise the write/read maps / change the read scale;
 PER_HEAD_TIMESCALES=1 gives each head one timescale per level (heads spread over the level's band)
 instead of every head spreading its channels over the band; GATE_BIAS_SCALE=s stores each gate's
-timescale bias as s * raw, so Adam moves the band edges s times faster (learnable band edges)."""
+timescale bias as s * raw, so Adam moves the band edges s times faster (learnable band edges);
+PER_STATE_DECAY=r gives every state n of a channel its own decay, log a_pn = r_n log a_p with r_n
+log-spaced over [1/r, r] (Mamba spreads its A over the states the same way); it runs through the
+diagonal scan with the (B, L, D, N) state sequence materialised (fine at this size only)."""
 import os
 
 import torch
@@ -44,6 +47,24 @@ if os.environ.get("PER_HEAD_TIMESCALES"):
         fraction = head / max(self.out_features // self.head_dim - 1, 1)
         return lo * (hi / lo) ** fraction
     MH.TimescaleLinear.timescales = timescales
+if os.environ.get("PER_STATE_DECAY"):
+    from hallamonic.modeling.hallamonic_scan import scan as diagonal_scan
+    _level_orig = MH.HarmonicBlock._level
+    def _level(self, log_a, level_input, maps, state, mask):
+        if maps is None:
+            return _level_orig(self, log_a, level_input, maps, state, mask)
+        r = float(os.environ["PER_STATE_DECAY"])
+        batch, length, width = log_a.shape
+        heads, n = width // self.head_dim, self.state_size
+        rates = torch.logspace(-1, 1, n, base=r, dtype=torch.float32)  # (N,) from 1/r to r
+        la = (log_a.view(batch, length, heads, self.head_dim, 1) * rates).clamp_min(-MH.MAX_DECAY_RATE)  # (B, L, H, P, N)
+        write, read = maps  # (B, L, H, N) each
+        b = -torch.expm1(la) * level_input.float().view(batch, length, heads, self.head_dim, 1) * write.unsqueeze(3)
+        prev = state.reshape(batch, -1) if state is not None else None
+        h = diagonal_scan(la.exp().reshape(batch, length, -1), b.reshape(batch, length, -1), prev)  # (B, L, H*P*N)
+        y = (h.view(batch, length, heads, self.head_dim, n) * read.unsqueeze(3)).sum(-1)  # (B, L, H, P)
+        return y.reshape(batch, length, width), h[:, -1].view(batch, width, n)
+    MH.HarmonicBlock._level = _level
 import json, sys, dataclasses
 from pathlib import Path
 import torch
@@ -66,4 +87,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
