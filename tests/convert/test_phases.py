@@ -4,10 +4,9 @@ cross-entropy and KL as the recipe says."""
 from __future__ import annotations
 
 import torch
-
-import hallamonic.convert.phases as phases
 import torch.nn.functional as F
 
+import hallamonic.convert.phases as phases
 from hallamonic.convert.phases import MixerStack, TeacherPool, capture_attention_io, phase1_loss, phase2_loss
 from hallamonic.convert.pipeline import convert
 from hallamonic.convert.recipe import HarmonicSection, load_recipe
