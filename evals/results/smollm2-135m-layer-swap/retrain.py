@@ -1,0 +1,116 @@
+"""Does more attention transfer bring LAMBADA back? Continue phase 1 on some converted blocks.
+
+Takes the converted model's blocks in LAYERS, trains each on the teacher's own attention input ->
+output (phase 1's normalised MSE) for STEPS more AdamW steps on 48 x 512 training tokens, puts
+them into the teacher (softmax attention in every other layer, as in swap.py) and scores LAMBADA
+before and after, with the transfer error on the pipeline's held-out probe tokens.
+
+Usage: python retrain.py CONVERTED_DIR LAYERS [--steps 180] [--lr 1e-3] [--limit 300]
+(needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). Appends one line to
+retrain.jsonl beside this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+import torch
+
+from hallamonic.convert.phases import capture_attention_io
+from hallamonic.convert.pipeline import _transfer_probe
+from hallamonic.convert.recipe import load_recipe
+from hallamonic.evaluation.data import lambada_texts
+from hallamonic.evaluation.lambada import evaluate_lambada
+from hallamonic.loading import load_causal_lm, smollm2_gguf_path
+from hallamonic.training.packing import PackedBatches
+from swap import HERE, LAMBADA, BlockAsAttention, parse_layers
+
+TRAIN_SEQS, BATCH = 48, 4
+
+
+def normalised_mse(block, x, y) -> float:
+    with torch.no_grad():
+        pred = block(x)[0].float()
+    return ((pred - y.float()).pow(2).mean() / y.float().pow(2).mean()).item()
+
+
+def capture(teacher, seqs, layers):
+    ins, outs = {i: [] for i in layers}, {i: [] for i in layers}
+    for start in range(0, len(seqs), BATCH):
+        x, y = capture_attention_io(teacher, seqs[start : start + BATCH])
+        for i in layers:
+            ins[i].append(x[i])
+            outs[i].append(y[i])
+    return {i: (torch.cat(ins[i]), torch.cat(outs[i])) for i in layers}
+
+
+def train(block, x_all, y_all, steps: int, lr: float, seed: int) -> None:
+    params = [p for p in block.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warm = max(steps // 10, 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(  # warm-up, then cosine to 0.1, like the recipes
+        opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
+    )
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, len(x_all), (BATCH,), generator=g)
+        x, y = x_all[idx], y_all[idx]  # (4, 512, hidden) each
+        loss = (block(x)[0].float() - y.float()).pow(2).mean() / y.float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("converted")
+    parser.add_argument("layers")
+    parser.add_argument("--steps", type=int, default=180)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--limit", type=int, default=300)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
+    teacher.requires_grad_(False)
+    student, _ = load_causal_lm(args.converted)
+    layers = parse_layers(args.layers, len(teacher.model.layers))
+    recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
+    tokens = np.load("outputs/smollm2-n64/training/tokens.npy")
+    train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[:TRAIN_SEQS], layers)
+    probe, _ = _transfer_probe(recipe, tokens, tokenizer)
+    held = capture(teacher, probe, layers)
+    texts = lambada_texts(LAMBADA, args.limit)
+    attentions = {i: teacher.model.layers[i].self_attn for i in layers}
+
+    def score() -> dict:
+        for i in layers:
+            teacher.model.layers[i].self_attn = BlockAsAttention(student.model.layers[i].mixer)
+        with torch.no_grad():
+            result = evaluate_lambada(teacher, tokenizer, texts, progress=False)
+        for i in layers:
+            teacher.model.layers[i].self_attn = attentions[i]
+        return {k: result[k] for k in ("accuracy", "perplexity", "n")}
+
+    blocks = {i: student.model.layers[i].mixer.float().train().requires_grad_(True) for i in layers}
+    before = {"lambada": score(), "mse": {i: normalised_mse(blocks[i], *held[i]) for i in layers}}
+    print(json.dumps({"before": before}), flush=True)
+    start = time.time()
+    for i in layers:
+        train(blocks[i], *train_io[i], steps=args.steps, lr=args.lr, seed=i)
+    after = {"lambada": score(), "mse": {i: normalised_mse(blocks[i], *held[i]) for i in layers}}
+    row = {"converted": args.converted, "layers": args.layers, "steps": args.steps, "lr": args.lr,
+           "before": before, "after": after, "train_seconds": round(time.time() - start, 1)}
+    print(json.dumps(row), flush=True)
+    with open(HERE / "retrain.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
