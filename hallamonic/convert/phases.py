@@ -125,8 +125,9 @@ def phase2_loss(
     learns the teacher's whole next-token distribution, not the one observed token."""
 
     def loss_fn(student: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        out = student(input_ids=batch, labels=batch, use_cache=False, chunk_size=chunk_size or None)
-        loss = ce_weight * out.loss
+        labels = batch if ce_weight > 0 else None  # pure distillation skips the cross-entropy pass
+        out = student(input_ids=batch, labels=labels, use_cache=False, chunk_size=chunk_size or None)
+        loss = ce_weight * out.loss if labels is not None else out.logits.new_zeros(())
         if kl_weight > 0 and teacher is not None:
             n = min(batch.shape[1], teacher_window or batch.shape[1])
             with torch.no_grad():
