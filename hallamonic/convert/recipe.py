@@ -47,6 +47,7 @@ class HarmonicSection:
     output_gate_rank: int | None = None
     short_conv_size: int = 0  # > 0: causal depthwise conv of the value stream (identity at init)
     state_size: int | None = None  # numbers per channel per level: null = the teacher's head_dim (k/q start the maps); 1 = diagonal
+    feature_map: str = "identity"  # identity (q.k linear attention) | hedgehog (softmax features, normalised read-out)
     recompute_mixer: bool = False  # recompute each block in backward instead of storing its activations
     init_from_attention: bool = True  # v_proj / o_proj from the teacher's attention
     calibrate_norms: bool = True  # fit level-input norms and the output scale on real text
@@ -108,6 +109,7 @@ class Recipe:
 
 CHOICES = {
     "base.dtype": {"float32", "bfloat16"},
+    "harmonic.feature_map": {"identity", "hedgehog"},
     "phase1.schedule": {"cosine", "linear", "constant"},
     "phase2.schedule": {"cosine", "linear", "constant"},
     "train.mixed_precision": {"auto", "no", "bf16", "fp16"},
@@ -142,6 +144,8 @@ def _validate(recipe: Recipe) -> None:
     state_size = recipe.harmonic.state_size
     if state_size is not None and state_size <= 0:
         raise RecipeError(f"recipe key `harmonic.state_size` must be > 0 or null (= the teacher's head_dim), got {state_size!r}")
+    if recipe.harmonic.feature_map != "identity" and state_size == 1:
+        raise RecipeError(f"recipe key `harmonic.feature_map: {recipe.harmonic.feature_map}` needs the expanded state (`harmonic.state_size` null or > 1)")
     bands = recipe.harmonic.timescale_bands
     if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
         raise RecipeError(f"recipe key `harmonic.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")

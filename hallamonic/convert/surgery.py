@@ -60,6 +60,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         output_gate_rank=harmonic.output_gate_rank,
         short_conv_size=harmonic.short_conv_size,
         state_size=harmonic.state_size or head_dim,
+        feature_map=harmonic.feature_map,
         recompute_mixer=harmonic.recompute_mixer,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
         bos_token_id=tc.bos_token_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from transformers import PreTrainedConfig
 
 DEFAULT_TIMESCALE_BANDS = ((1.0, 16.0), (16.0, 256.0), (256.0, 4096.0))
+FEATURE_MAPS = ("identity", "hedgehog")  # how the expanded state scores write against read vectors
 
 
 class HallamonicConfig(PreTrainedConfig):
@@ -42,6 +43,14 @@ class HallamonicConfig(PreTrainedConfig):
             the levels: y_l = S_l q_t / sqrt(N) takes h_l's place everywhere downstream. With N =
             head_dim the two maps have the shapes of the teacher's ``k_proj`` / ``q_proj``, so a
             converted block starts as a gated linear attention over the teacher's queries and keys.
+        feature_map: how the expanded state scores a write vector against a read vector.
+            ``"identity"`` (the default): the plain dot product q_t . k_s / sqrt(N), an unnormalised
+            linear attention. ``"hedgehog"``: Hedgehog's map phi(x) = [softmax(W x), softmax(-W x)]
+            per head (W learnable, identity at start; 2N features) on both vectors, and every
+            level's read-out divided by the same recurrence run over ones, so each y_l is a
+            weighted average of its inputs with weights decay x phi(q_t) . phi(k_s): a normalised
+            linear attention that can be as peaked as softmax. Doubles the state (2N features, a
+            numerator and a denominator per value channel). Only with ``state_size`` > 1.
         recompute_mixer: in training, keep only each block's input and recompute the block in the
             backward pass (activation checkpointing of the mixer): training memory per token drops to
             a few hidden-size vectors per layer for about one extra mixer forward.
@@ -79,6 +88,7 @@ class HallamonicConfig(PreTrainedConfig):
         output_gate_rank: int | None = None,
         short_conv_size: int = 0,
         state_size: int = 1,
+        feature_map: str = "identity",
         recompute_mixer: bool = False,
         forward_chunk_size: int = 0,
         base_model_name_or_path: str | None = None,
@@ -112,6 +122,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.output_gate_rank = output_gate_rank if output_gate_rank is not None else default_rank
         self.short_conv_size = short_conv_size
         self.state_size = state_size
+        self.feature_map = feature_map
         self.recompute_mixer = recompute_mixer
         self.forward_chunk_size = forward_chunk_size
         self.base_model_name_or_path = base_model_name_or_path
@@ -159,6 +170,12 @@ class HallamonicConfig(PreTrainedConfig):
             )
         if not isinstance(self.short_conv_size, int) or isinstance(self.short_conv_size, bool) or self.short_conv_size < 0:
             raise ValueError(f"HallamonicConfig: `short_conv_size` must be an integer >= 0, got {self.short_conv_size!r}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise ValueError(f"HallamonicConfig: `feature_map` must be one of {FEATURE_MAPS}, got {self.feature_map!r}")
+        if self.feature_map != "identity" and self.state_size == 1:
+            raise ValueError(
+                f"HallamonicConfig: `feature_map` {self.feature_map!r} needs the expanded state (`state_size` > 1)"
+            )
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if len(self.timescale_bands) < 1:

@@ -18,8 +18,15 @@ where k_t = state_write(x_t) and q_t = state_read(x_t) are shared by the levels;
 place everywhere above (predictors, errors, the sum into o_proj). The current token thereby chooses
 what to store and what to retrieve (``hallamonic_selective_scan.py``).
 
+With ``feature_map="hedgehog"`` both vectors pass Hedgehog's map phi(x) = [softmax(W x), softmax(-W x)]
+(per head, W learnable from the identity) and each level's read-out is divided by the same
+recurrence run over ones: y_l(t) = sum_s w_ts u_l(s) / sum_s w_ts with w_ts = decay(s..t) (1 - a_s)
+phi(q_t).phi(k_s) > 0, a weighted average that can be as peaked as softmax attention. The numerator
+and denominator run as one scan over 2 x head_dim channels per head and 2N features.
+
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
-one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache.
+one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache
+(with Hedgehog: 2 x channels rows of 2N features).
 
 This file is the remote code shipped inside every checkpoint: it imports only torch, transformers,
 the standard library and its siblings, and does no I/O.
@@ -44,6 +51,8 @@ from .configuration_hallamonic import HallamonicConfig
 from .hallamonic_scan import scan, scan_step
 from .hallamonic_selective_scan import MAX_DECAY_RATE, selective_scan, selective_step
 
+
+DENOMINATOR_FLOOR = 1e-6  # a Hedgehog read-out's denominator is clamped here (it is > 0 by construction)
 
 # --------------------------------------------------------------------------------------------
 # Small building blocks
@@ -99,6 +108,24 @@ class StateMap(nn.Linear):
     From scratch its weights start at std 1/sqrt(hidden), so on a unit-RMS input every entry of
     k_t and q_t has unit variance and q_t . k_s / sqrt(N) starts O(1), like attention's scores.
     """
+
+
+class HedgehogFeatureMap(nn.Module):
+    """phi(x) = [softmax(W_h x), softmax(-W_h x)] per head: 2N positive features (Hedgehog, LoLCATs).
+
+    phi(q) . phi(k) is positive and, once W has grown, as peaked as softmax attention's weights, so a
+    normalised read-out can pick out a few earlier tokens. W starts as the identity: the map then
+    sees the teacher's own query / key.
+    """
+
+    def __init__(self, heads: int, size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(size).repeat(heads, 1, 1))  # (h, N, N)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, L, h, N) fp32 -> (B, L, h, 2N)."""
+        z = torch.einsum("blhn,hmn->blhm", x, self.weight.float())  # (B, L, h, N)
+        return torch.cat([z.softmax(-1), (-z).softmax(-1)], dim=-1)
 
 
 class TimescaleLinear(nn.Linear):
@@ -205,6 +232,13 @@ class HarmonicBlock(nn.Module):
         if config.state_size > 1:  # the expanded, selective state: shapes of k_proj / q_proj at N = head_dim
             self.state_write = StateMap(config.hidden_size, config.num_key_value_heads * config.state_size, bias=config.value_bias)
             self.state_read = StateMap(config.hidden_size, config.num_attention_heads * config.state_size, bias=config.value_bias)
+        self.normalised = config.feature_map == "hedgehog"
+        if self.normalised:
+            self.write_features = HedgehogFeatureMap(config.num_key_value_heads, config.state_size)
+            self.read_features = HedgehogFeatureMap(config.num_attention_heads, config.state_size)
+        # Numbers per value channel and level: N, or with Hedgehog 2N features for a numerator and
+        # a denominator each (stored as 2 x head_dim rows per head).
+        self.features = 2 * config.state_size if self.normalised else config.state_size
         kv_width = config.num_key_value_heads * config.head_dim
         # The short conv filters every stream read from x: v, and with the expanded state k and q too.
         self.conv_widths = [kv_width]
@@ -239,7 +273,8 @@ class HarmonicBlock(nn.Module):
         Args:
             x: (B, L, hidden) the normalised residual stream.
             state: fp32 states before x, or None for zeros: (B, levels [+ taps - 1], D) when
-                ``state_size`` is 1, (B, levels [+ taps - 1], D, N) otherwise. With a short conv, the
+                ``state_size`` is 1, (B, levels [+ taps - 1], D, N) otherwise (with Hedgehog
+                features (B, levels [+ taps - 1], 2D, 2N): numerator and denominator rows per head). With a short conv, the
                 rows after the levels hold its last inputs (first kv-width channels, state index 0).
             mask: (B, L) bool, False at padding: there the state neither decays nor takes input.
         Returns:
@@ -287,39 +322,51 @@ class HarmonicBlock(nn.Module):
         return rows.reshape(*rows.shape[:2], -1)[..., : sum(self.conv_widths)]
 
     def _state_maps(self, write: torch.Tensor, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write and read vectors of every head, shared by the levels: (B, L, H, N) each, fp32.
-        Write vectors have the kv heads' count and are repeated like GQA keys."""
+        """Write and read vectors of every head, shared by the levels: (B, L, H, F) each, fp32
+        (F = N, or 2N Hedgehog features). Write vectors have the kv heads' count and are repeated
+        like GQA keys."""
         batch, length, _ = write.shape
-        write = write.view(batch, length, self.num_kv_heads, 1, self.state_size)
-        write = write.expand(-1, -1, -1, self.kv_groups, -1).reshape(batch, length, -1, self.state_size)
-        read = read.view(batch, length, -1, self.state_size) * self.state_size**-0.5
-        return write.float(), read.float()
+        write = write.float().view(batch, length, self.num_kv_heads, self.state_size)  # (B, L, Hkv, N)
+        read = read.float().view(batch, length, -1, self.state_size)  # (B, L, H, N)
+        if self.normalised:
+            write, read = self.write_features(write), self.read_features(read)  # (B, L, *, 2N)
+        else:
+            read = read * self.state_size**-0.5
+        features = write.shape[-1]
+        write = write.unsqueeze(3).expand(-1, -1, -1, self.kv_groups, -1).reshape(batch, length, -1, features)
+        return write, read
 
     def _level(self, log_a, level_input, maps, state, mask) -> tuple[torch.Tensor, torch.Tensor]:
         """One level's recurrence: its outputs (B, L, D) fp32 and final state (B, D [, N]) fp32."""
         if maps is not None:
             log_a = log_a.clamp_min(-MAX_DECAY_RATE)  # the chunked path's range (a >= 0.05)
-        b = -torch.expm1(log_a) * level_input.float()  # (1 - a) * u, exact for a near 1: (B, L, D)
         if mask is not None:  # padding: a = 1, b = 0, the state passes through unchanged
-            keep = mask.unsqueeze(-1)  # (B, L, 1)
-            log_a = torch.where(keep, log_a, torch.zeros_like(log_a))
-            b = torch.where(keep, b, torch.zeros_like(b))
+            log_a = torch.where(mask.unsqueeze(-1), log_a, torch.zeros_like(log_a))
+        rate = -torch.expm1(log_a)  # 1 - a, exact for a near 1 (0 at padding): (B, L, D)
+        b = rate * level_input.float()  # (B, L, D)
         if maps is None:  # state_size 1: h itself is the output
             h = self._recur(log_a.exp(), b, state)  # (B, L, D) fp32
             return h, h[:, -1]
         batch, length, width = b.shape
         heads = width // self.head_dim
-        split = lambda t: t.view(batch, length, heads, self.head_dim)  # noqa: E731 - (B, L, H, P)
+        split = lambda t: t.view(batch, length, heads, -1)  # noqa: E731 - (B, L, H, P)
+        b, log_a = split(b), split(log_a)
+        if self.normalised:  # a second P channels per head: the same recurrence over ones
+            b = torch.cat([b, split(rate)], dim=-1)  # (B, L, H, 2P)
+            log_a = torch.cat([log_a, log_a], dim=-1)  # (B, L, H, 2P)
         write, read = maps
-        prev = state.view(batch, heads, self.head_dim, self.state_size) if state is not None else None
+        rows = b.shape[-1]
+        prev = state.view(batch, heads, rows, self.features) if state is not None else None
         if length == 1:  # one generated token: a single step, no chunk machinery
             if prev is None:
-                prev = b.new_zeros(batch, heads, self.head_dim, self.state_size)
-            new, y = selective_step(split(b)[:, 0], split(log_a)[:, 0], write[:, 0], read[:, 0], prev)
+                prev = b.new_zeros(batch, heads, rows, self.features)
+            new, y = selective_step(b[:, 0], log_a[:, 0], write[:, 0], read[:, 0], prev)
             y = y.unsqueeze(1)
         else:
-            y, new = selective_scan(split(b), split(log_a), write, read, prev)  # (B, L, H, P), (B, H, P, N)
-        return y.reshape(batch, length, width), new.reshape(batch, width, self.state_size)
+            y, new = selective_scan(b, log_a, write, read, prev)  # (B, L, H, rows), (B, H, rows, F)
+        if self.normalised:  # numerator / denominator: a weighted average of the level's inputs
+            y = y[..., : self.head_dim] / y[..., self.head_dim :].clamp_min(DENOMINATOR_FLOOR)
+        return y.reshape(batch, length, width), new.reshape(batch, heads * rows, self.features)
 
     # ---- initialisation from the attention this block replaces ----------------------------
     @torch.no_grad()
@@ -411,6 +458,8 @@ class HallamonicPreTrainedModel(PreTrainedModel):
         elif isinstance(module, TimescaleLinear):
             init.zeros_(module.weight)  # gates start data-independent, at their band's timescales
             init.copy_(module.bias, module.timescale_bias())
+        elif isinstance(module, HedgehogFeatureMap):
+            init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
         elif isinstance(module, StateMap):
             init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
             if module.bias is not None:

@@ -57,6 +57,7 @@ def test_exponent_without_a_dot_is_a_number():
         ("phase2.ce_weight=-1", r"`phase2.ce_weight` must be >= 0"),
         ("train.on_nan=ignore", r"`train.on_nan` must be one of"),
         ("harmonic.hierarchy=maybe", r"`harmonic.hierarchy` must be true or false"),
+        ("harmonic.feature_map=softmax", r"`harmonic.feature_map` must be one of \['hedgehog', 'identity'\]"),
         ("eval.context_lengths=[1024, -5]", r"`eval.context_lengths` must be positive integers"),
         ("phase1.steps", r"--set expects key=value"),
     ],
@@ -64,6 +65,11 @@ def test_exponent_without_a_dot_is_a_number():
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe("tiny", [override])
+
+
+def test_hedgehog_needs_the_expanded_state():
+    with pytest.raises(RecipeError, match=r"`harmonic.feature_map: hedgehog` needs the expanded state"):
+        load_recipe("tiny", ["harmonic.feature_map=hedgehog", "harmonic.state_size=1"])
 
 
 def test_phase2_needs_a_loss_term():

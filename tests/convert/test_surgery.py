@@ -105,3 +105,21 @@ def test_converted_block_starts_as_decayed_linear_attention_over_the_teachers_qk
         scores = torch.einsum("bthd,bshd->bhts", q, k) / d**0.5  # (B, H, L, L)
         expected = attention.o_proj(torch.einsum("bhts,bshd->bthd", scores * weights, v).reshape(2, 29, heads * d))
     torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_hedgehog_block_starts_from_the_teachers_qkv_through_identity_feature_maps():
+    """With Hedgehog features the converted block still takes k_proj / q_proj / v_proj / o_proj, and
+    its feature maps start as the identity, so phi sees the teacher's own keys and queries."""
+    teacher = build_tiny_llama(300, tie_word_embeddings=False)
+    student = build_student(teacher, HarmonicSection(feature_map="hedgehog"))
+    assert student.config.feature_map == "hedgehog"
+    for student_layer, teacher_layer in zip(student.model.layers, teacher.model.layers):
+        mixer, attention = student_layer.mixer, teacher_layer.self_attn
+        assert torch.equal(mixer.state_write.weight, attention.k_proj.weight)
+        assert torch.equal(mixer.state_read.weight, attention.q_proj.weight)
+        eye = torch.eye(student.config.state_size)
+        assert torch.equal(mixer.write_features.weight, eye.expand_as(mixer.write_features.weight))
+        assert torch.equal(mixer.read_features.weight, eye.expand_as(mixer.read_features.weight))
+        assert mixer.write_features.weight.requires_grad
+    ids = torch.randint(0, 300, (2, 19))
+    assert torch.isfinite(student(ids).logits).all()

@@ -40,14 +40,15 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
 
 @pytest.fixture(
     scope="module",
-    params=[(0, 1), (4, 1), (0, 8), (4, 8)],
-    ids=["plain", "short-conv", "selective", "selective-short-conv"],
+    params=[(0, 1, "identity"), (4, 1, "identity"), (0, 8, "identity"), (4, 8, "identity"), (0, 8, "hedgehog"), (4, 8, "hedgehog")],
+    ids=["plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv"],
 )
 def model(request) -> HallamonicForCausalLM:
     """Every state test runs without and with the short conv (whose inputs are carried state too),
-    with the diagonal state (N = 1) and the expanded selective one (N = head_dim = 8)."""
-    short_conv_size, state_size = request.param
-    return stateful_model(short_conv_size=short_conv_size, state_size=state_size)
+    with the diagonal state (N = 1), the expanded selective one (N = head_dim = 8), and that one with
+    Hedgehog features and a normalised read-out (numerator and denominator states)."""
+    short_conv_size, state_size, feature_map = request.param
+    return stateful_model(short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map)
 
 
 def test_state_drives_the_logits(model):
@@ -147,14 +148,15 @@ def test_cache_size_is_constant_in_generated_length(model):
 
     short, long = cache_bytes(10), cache_bytes(2000)
     rows = 3 + max(model.config.short_conv_size - 1, 0)  # levels (+ the conv's carried inputs)
-    expected = 2 * rows * 32 * model.config.state_size * 4  # layers * rows * channels (4 heads x 8) * N * fp32 bytes
+    hedgehog = 4 if model.config.feature_map == "hedgehog" else 1  # 2x rows (numerator, denominator) x 2N features
+    expected = 2 * rows * 32 * model.config.state_size * 4 * hedgehog  # layers * rows * channels (4 heads x 8) * N * fp32 bytes
     assert short == long == expected
 
 
-@pytest.mark.parametrize("state_size", [1, 8])
+@pytest.mark.parametrize("state_size, feature_map", [(1, "identity"), (8, "identity"), (8, "hedgehog")])
 @pytest.mark.parametrize("short_conv_size", [0, 4])
-def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size):
-    model = stateful_model(short_conv_size=short_conv_size, state_size=state_size).train()
+def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size, feature_map):
+    model = stateful_model(short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map).train()
     ids = torch.randint(0, 97, (2, 45))
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
@@ -314,8 +316,46 @@ def test_selective_state_is_a_decayed_linear_attention():
         torch.testing.assert_close(y, block.o_proj(mixed), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("state_size", [1, 8])
-def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_size):
+def test_hedgehog_state_is_a_normalised_linear_attention():
+    """With one constant decay and one level, a Hedgehog block's read-out is the weighted average
+    y_t = sum_s w_ts v_s / sum_s w_ts, w_ts = (1-a) a^(t-s) phi(q_t).phi(k_s),
+    phi(x) = [softmax(Wx), softmax(-Wx)] per head."""
+    config = tiny_config(state_size=8, timescale_bands=[[4.0, 4.0]], feature_map="hedgehog")
+    torch.manual_seed(1)
+    block = HarmonicBlock(config).eval()
+    HallamonicForCausalLM(config)._init_weights(block.gates[0].up)
+    with torch.no_grad():  # a learned-looking W, not the identity it starts from
+        block.write_features.weight.add_(torch.randn_like(block.write_features.weight) * 0.5)
+        block.read_features.weight.add_(torch.randn_like(block.read_features.weight) * 0.5)
+    x = torch.randn(2, 37, 32)
+
+    def phi(z, weight):  # (B, L, h, N) -> (B, L, h, 2N)
+        z = torch.einsum("blhn,hmn->blhm", z, weight)
+        return torch.cat([z.softmax(-1), (-z).softmax(-1)], -1)
+
+    with torch.no_grad():
+        y, _ = block(x)
+        a = math.exp(-1 / 4.0)
+        v = block.value_stream(x).view(2, 37, 4, 8)  # (B, L, H, P)
+        k = phi(block.state_write(x).view(2, 37, 2, 8), block.write_features.weight)  # (B, L, Hkv, 16)
+        k = k.unsqueeze(3).expand(-1, -1, -1, 2, -1).reshape(2, 37, 4, 16)
+        q = phi(block.state_read(x).view(2, 37, 4, 8), block.read_features.weight)
+        t = torch.arange(37)
+        decay = (1 - a) * a ** (t[:, None] - t[None, :]).clamp_min(0).double() * (t[:, None] >= t[None, :])
+        weights = torch.einsum("bthn,bshn->bhts", q, k) * decay.float()  # (B, H, L, L)
+        mixed = torch.einsum("bhts,bshp->bthp", weights, v) / weights.sum(-1).transpose(1, 2).unsqueeze(-1)
+        torch.testing.assert_close(y, block.o_proj(mixed.reshape(2, 37, 32)), atol=1e-5, rtol=1e-4)
+
+
+def test_hedgehog_needs_the_expanded_state():
+    with pytest.raises(ValueError, match="feature_map"):
+        tiny_config(state_size=1, feature_map="hedgehog")
+    with pytest.raises(ValueError, match="feature_map"):
+        tiny_config(state_size=8, feature_map="softmax")
+
+
+@pytest.mark.parametrize("state_size, feature_map", [(1, "identity"), (8, "identity"), (8, "hedgehog")])
+def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_size, feature_map):
     """recompute_mixer (segment by segment, state carried) is a memory trade, not a different model."""
     from hallamonic.modeling import modeling_hallamonic
 
@@ -323,7 +363,7 @@ def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_s
     ids = torch.randint(0, 97, (2, 45))
     grads = []
     for recompute in (False, True):
-        model = stateful_model(state_size=state_size, short_conv_size=4, recompute_mixer=recompute).train()
+        model = stateful_model(state_size=state_size, feature_map=feature_map, short_conv_size=4, recompute_mixer=recompute).train()
         loss = model(ids, labels=ids).loss
         loss.backward()
         grads.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))

@@ -1,0 +1,106 @@
+"""Does a normalised feature map recall better at equal training? Judge block variants by LAMBADA.
+
+The transfer probe (`../smollm2-135m-transfer-probe`) ranked feature maps by phase 1's normalised
+MSE only, and the identity map (plain linear attention over q.k) won. But the layer swaps showed the
+mean MSE does not predict LAMBADA. This script builds FRESH blocks of each variant for LAYERS from
+the teacher's attention (the block's own init, `init_from_attention`, the pipeline's calibration),
+trains each on its layer's teacher attention I/O (phase 1's normalised MSE, AdamW, batch 4 x 512,
+48 training sequences captured once), puts them into the teacher (softmax attention everywhere else)
+and scores LAMBADA (first LIMIT passages of the shared dev file, lm-eval protocol).
+
+Variants: those of `../smollm2-135m-transfer-probe/probe.py` (identity/none, elu/den, hedgehog/den,
+identity/rms).
+
+Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300]
+(needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). One line per
+variant goes to recall_probe.jsonl beside this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+
+from hallamonic.convert.pipeline import _transfer_probe
+from hallamonic.convert.recipe import load_recipe
+from hallamonic.convert.surgery import student_config
+from hallamonic.evaluation.data import lambada_texts
+from hallamonic.evaluation.lambada import evaluate_lambada
+from hallamonic.loading import load_causal_lm, smollm2_gguf_path
+from hallamonic.modeling.modeling_hallamonic import HallamonicPreTrainedModel
+from hallamonic.training.packing import PackedBatches
+from retrain import TRAIN_SEQS, capture, normalised_mse, train
+from swap import HERE, LAMBADA, BlockAsAttention, parse_layers
+
+sys.path.insert(0, str(HERE.parent / "smollm2-135m-transfer-probe"))
+from probe import ProbeBlock  # noqa: E402
+
+
+def fresh_block(config, variant: str, teacher, layer: int, x_cal, y_cal) -> ProbeBlock:
+    feature, normalise = variant.split("/")
+    torch.manual_seed(layer)
+    block = ProbeBlock(config, feature, normalise, layer)
+    for module in block.modules():  # the model's own init (gate timescales, zero up-projections)
+        HallamonicPreTrainedModel._init_weights(types.SimpleNamespace(config=config), module)
+    block.init_from_attention(teacher.model.layers[layer].self_attn)
+    with torch.no_grad():  # the pipeline's calibration
+        rms = block.value_stream(x_cal).float().pow(2).mean().sqrt().item()
+        for norm in block.error_norms:
+            norm.weight.fill_(rms)
+        m = block(x_cal)[0].float()
+        block.o_proj.weight.mul_((m * y_cal.float()).sum() / (m * m).sum())
+    return block
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("layers")
+    parser.add_argument("variants", nargs="+")
+    parser.add_argument("--steps", type=int, default=180)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--limit", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
+    teacher.requires_grad_(False)
+    layers = parse_layers(args.layers, len(teacher.model.layers))
+    recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
+    config = student_config(teacher, recipe.harmonic)
+    tokens = np.load("outputs/smollm2-n64/training/tokens.npy")
+    train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[:TRAIN_SEQS], layers)
+    probe, _ = _transfer_probe(recipe, tokens, tokenizer)
+    held = capture(teacher, probe, layers)
+    texts = lambada_texts(LAMBADA, args.limit)
+    attentions = {i: teacher.model.layers[i].self_attn for i in layers}
+    for variant in args.variants:
+        start = time.time()
+        blocks, mse = {}, {}
+        for i in layers:
+            x_all, y_all = train_io[i]
+            blocks[i] = fresh_block(config, variant, teacher, i, x_all[:2], y_all[:2])
+            mse[i] = {"calibrated": normalised_mse(blocks[i], *held[i])}
+            train(blocks[i], x_all, y_all, steps=args.steps, lr=args.lr, seed=i)
+            mse[i]["trained"] = normalised_mse(blocks[i], *held[i])
+            print(f"  {variant} layer {i}: {mse[i]['calibrated']:.3f} -> {mse[i]['trained']:.3f}", flush=True)
+        for i in layers:
+            teacher.model.layers[i].self_attn = BlockAsAttention(blocks[i])
+        with torch.no_grad():
+            result = evaluate_lambada(teacher, tokenizer, texts, progress=False)
+        for i in layers:
+            teacher.model.layers[i].self_attn = attentions[i]
+        row = {"layers": args.layers, "variant": variant, "steps": args.steps, "lr": args.lr,
+               "lambada": {k: result[k] for k in ("accuracy", "perplexity", "n")}, "mse": mse,
+               "seconds": round(time.time() - start, 1)}
+        print(json.dumps(row), flush=True)
+        with open(HERE / "recall_probe.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
