@@ -5,7 +5,9 @@ output (phase 1's normalised MSE) for STEPS more AdamW steps on 48 x 512 trainin
 them into the teacher (softmax attention in every other layer, as in swap.py) and scores LAMBADA
 before and after, with the transfer error on the pipeline's held-out probe tokens.
 
-Usage: python retrain.py CONVERTED_DIR LAYERS [--steps 180] [--lr 1e-3] [--limit 300]
+With --all, also scores the whole converted model (every layer's block, the retrained ones in place).
+
+Usage: python retrain.py CONVERTED_DIR LAYERS [--steps 180] [--lr 1e-3] [--limit 300] [--all]
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). Appends one line to
 retrain.jsonl beside this file.
 """
@@ -74,6 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=180)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--limit", type=int, default=300)
+    parser.add_argument("--all", action="store_true", help="also score the whole converted model after retraining")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -87,14 +90,14 @@ def main() -> None:
     probe, _ = _transfer_probe(recipe, tokens, tokenizer)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
-    attentions = {i: teacher.model.layers[i].self_attn for i in layers}
+    attentions = {i: layer.self_attn for i, layer in enumerate(teacher.model.layers)}
 
-    def score() -> dict:
-        for i in layers:
+    def score(swapped=layers) -> dict:
+        for i in swapped:
             teacher.model.layers[i].self_attn = BlockAsAttention(student.model.layers[i].mixer)
         with torch.no_grad():
             result = evaluate_lambada(teacher, tokenizer, texts, progress=False)
-        for i in layers:
+        for i in swapped:
             teacher.model.layers[i].self_attn = attentions[i]
         return {k: result[k] for k in ("accuracy", "perplexity", "n")}
 
@@ -105,6 +108,9 @@ def main() -> None:
     for i in layers:
         train(blocks[i], *train_io[i], steps=args.steps, lr=args.lr, seed=i)
     after = {"lambada": score(), "mse": {i: normalised_mse(blocks[i], *held[i]) for i in layers}}
+    if args.all:
+        with torch.no_grad():
+            after["lambada_all_layers"] = score(range(len(teacher.model.layers)))
     row = {"converted": args.converted, "layers": args.layers, "steps": args.steps, "lr": args.lr,
            "before": before, "after": after, "train_seconds": round(time.time() - start, 1)}
     print(json.dumps(row), flush=True)

@@ -11,6 +11,7 @@ Variants (the feature map phi is applied to the write / read vectors per head):
   identity/rms   - plus a per-head RMSNorm of each level's read-out (GLA-style)
   elu/den        - phi = elu + 1, read-out divided by the same scan over ones (normalised)
   hedgehog/den   - phi(x) = [softmax(Wx), softmax(-Wx)] per head, W learnable (identity init), normalised
+  softmax/den    - phi(x) = softmax(Wx) only (N features, half of Hedgehog's), normalised
 
 Options after a third slash: hierarchy=false, short_conv_size=4, timescale_bands=[[1,64],...], lr=5e-3,
 steps=180 (e.g. identity/none/short_conv_size=4/lr=5e-3).
@@ -54,7 +55,7 @@ class ProbeBlock(HarmonicBlock):
         super().__init__(config, layer_idx)
         self.feature, self.normalise = feature, normalise
         n = config.state_size
-        if feature == "hedgehog":
+        if feature in ("hedgehog", "softmax"):
             eye = torch.eye(n)
             self.fk = nn.Parameter(eye.repeat(config.num_key_value_heads, 1, 1))  # (Hkv, N, N)
             self.fq = nn.Parameter(eye.repeat(config.num_attention_heads, 1, 1))  # (H, N, N)
@@ -67,6 +68,8 @@ class ProbeBlock(HarmonicBlock):
         if self.feature == "elu":
             return F.elu(x) + 1
         z = torch.einsum("blhn,hmn->blhm", x, weight)
+        if self.feature == "softmax":
+            return z.softmax(-1)  # (B, L, h, N)
         return torch.cat([z.softmax(-1), (-z).softmax(-1)], -1)  # (B, L, h, 2N)
 
     def _state_maps(self, write, read):
