@@ -42,12 +42,13 @@ json.dump(result, open(out_path, "w"))
 """
 
 
-@pytest.fixture(scope="module", params=[1, 8], ids=["diagonal", "selective"])
+@pytest.fixture(scope="module", params=[(1, "identity"), (8, "identity"), (8, "hedgehog")], ids=["diagonal", "selective", "hedgehog"])
 def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
     torch.manual_seed(0)
     config = HallamonicConfig(
         vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=True, output_gate=True, state_size=request.param,
+        num_key_value_heads=2, tie_word_embeddings=True, output_gate=True, state_size=request.param[0],
+        feature_map=request.param[1],
     )
     model = HallamonicForCausalLM(config).eval()
     with torch.no_grad():
