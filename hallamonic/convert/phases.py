@@ -86,11 +86,13 @@ class TeacherPool:
     """The teacher's attention I/O per training sequence, captured on first sight and then reused.
 
     Keyed by the sequence's tokens, so it needs no cooperation from the batch order; holds
-    ``2 x layers x seq_len x hidden`` values per sequence in the teacher's dtype.
+    ``2 x layers x seq_len x hidden`` values per sequence in the teacher's dtype (only ``layers``'
+    when given).
     """
 
-    def __init__(self, teacher: nn.Module):
+    def __init__(self, teacher: nn.Module, layers: list[int] | None = None):
         self.teacher = teacher
+        self.layers = layers
         self.rows: dict[bytes, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     def __call__(self, batch: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -98,6 +100,8 @@ class TeacherPool:
         missing = [key for key in dict.fromkeys(keys) if key not in self.rows]
         if missing:
             inputs, outputs = capture_attention_io(self.teacher, batch[[keys.index(key) for key in missing]])
+            if self.layers is not None:
+                inputs, outputs = [inputs[i] for i in self.layers], [outputs[i] for i in self.layers]
             for j, key in enumerate(missing):
                 self.rows[key] = ([x[j] for x in inputs], [y[j] for y in outputs])
         layers = len(self.rows[keys[0]][0])
@@ -105,10 +109,13 @@ class TeacherPool:
         return [stack(0, layer) for layer in range(layers)], [stack(1, layer) for layer in range(layers)]
 
 
-def phase1_loss(teacher: nn.Module, pool: bool = False):
+def phase1_loss(teacher: nn.Module, pool: bool = False, layers: list[int] | None = None):
     """Loss function of phase 1 for the trainer: mean normalised MSE over layers. With ``pool`` the
-    teacher's attention I/O of each sequence is captured once (:class:`TeacherPool`)."""
-    capture = TeacherPool(teacher) if pool else (lambda batch: capture_attention_io(teacher, batch))
+    teacher's attention I/O of each sequence is captured once (:class:`TeacherPool`); ``layers``
+    (pool only) restricts it to those layers, for a stack of their mixers alone."""
+    if layers is not None and not pool:
+        raise ValueError("phase1_loss: `layers` needs `pool`")
+    capture = TeacherPool(teacher, layers) if pool else (lambda batch: capture_attention_io(teacher, batch))
 
     def loss_fn(stack: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         inputs, targets = capture(batch)

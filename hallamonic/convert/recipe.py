@@ -70,6 +70,10 @@ class Phase1Section(PhaseSection):
     normalize: bool = True  # per-layer MSE divided by the teacher output's mean square
     teacher_pool: int = 0  # > 0: train on at most this many sequences, the teacher's attention I/O captured once each
     recompute: bool = False  # rebuild each mixer's activations in backward: one mixer's live at a time
+    focus_layers: list = field(default_factory=list)  # layers that get focus_steps more steps alone after phase 1
+    focus_steps: int = 0  # > 0: that many extra attention-transfer steps on focus_layers only ("phase1-focus")
+    focus_lr: float = 1e-3  # their peak learning rate (warm-up 10% of focus_steps, then phase1.schedule)
+    focus_pool: int = 48  # sequences of phase1.seq_len they cycle over, the teacher's I/O captured once each
 
 
 @dataclass
@@ -117,6 +121,7 @@ CHOICES = {
 }
 POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.batch_size", "train.grad_accum"}
 NON_NEGATIVE = {
+    "phase1.focus_steps",
     "phase1.steps", "phase2.steps", "phase1.warmup_steps", "phase2.warmup_steps", "checkpoint.every",
     "phase2.kl_weight", "phase2.ce_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
     "harmonic.short_conv_size",
@@ -134,6 +139,12 @@ def _validate(recipe: Recipe) -> None:
     for key in NON_NEGATIVE:
         if flat[key] < 0:
             raise RecipeError(f"recipe key `{key}` must be >= 0, got {flat[key]!r}")
+    focus = recipe.phase1
+    if focus.focus_steps > 0:
+        if not focus.focus_layers or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in focus.focus_layers):
+            raise RecipeError(f"recipe key `phase1.focus_layers` must list layer indices >= 0 when `phase1.focus_steps` > 0, got {focus.focus_layers!r}")
+        if focus.focus_pool <= 0 or not focus.focus_lr > 0:
+            raise RecipeError("recipe keys `phase1.focus_pool` and `phase1.focus_lr` must be > 0 when `phase1.focus_steps` > 0")
     for key in ("phase1.lr", "phase2.lr"):
         if not flat[key] > 0:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {flat[key]!r}")

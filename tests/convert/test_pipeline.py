@@ -260,3 +260,36 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path):
         torch.testing.assert_close(a[key], b[key], atol=2e-5, rtol=1e-4)
         changed += ".mixer." in key
     assert changed
+
+
+def test_focus_trains_only_the_focus_layers_and_phase2_alone_restores_it(converted, tmp_path):
+    """`phase1.focus_steps` runs a "phase1-focus" after phase 1 that moves the focus layers' blocks
+    only; `--phases phase2 --resume` in a folder holding both finished phases restores both."""
+    reference, _ = converted
+    focus = FAST + ["phase1.focus_steps=3", "phase1.focus_layers=[1]", "phase1.focus_pool=2", "phase2.steps=0"]
+    out = tmp_path / "focus"
+    report = convert(load_recipe("tiny", focus), out)
+    assert [p["name"] for p in report["phases"]] == ["phase1", "phase1-focus"]
+    stages = report["attention_transfer"]["normalised_mse"]
+    assert set(stages) >= {"phase1", "phase1-focus"}
+    assert stages["phase1-focus"][0] == stages["phase1"][0]  # layer 0 untouched
+    assert stages["phase1-focus"][1] != stages["phase1"][1]
+    root = out / "training" / "checkpoints"
+    before = load_file(list_checkpoints(root / "phase1")[-1] / "weights.safetensors")
+    after = load_file(list_checkpoints(root / "phase1-focus")[-1] / "weights.safetensors")
+    assert set(after) == {k for k in before if k.startswith("model.layers.1.mixer.")}
+    assert any(not torch.equal(after[k], before[k]) for k in after)
+
+    again_dir = tmp_path / "again"
+    (again_dir / "training").mkdir(parents=True)
+    shutil.copy(out / "training" / "tokens.npy", again_dir / "training" / "tokens.npy")
+    shutil.copytree(root, again_dir / "training" / "checkpoints")
+    again = convert(load_recipe("tiny", focus), again_dir, phases=("phase2",), resume=True)
+    assert again["attention_transfer"]["normalised_mse"]["phase1-focus"] == pytest.approx(stages["phase1-focus"], rel=1e-5)
+
+
+def test_focus_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):
+    recipe = load_recipe("tiny", FAST + ["phase1.focus_steps=2", "phase1.focus_layers=[5]"])
+    with pytest.raises(ValueError, match=r"`phase1.focus_layers`: the model has layers 0-1, got \[5\]"):
+        convert(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -72,6 +72,14 @@ def test_hedgehog_needs_the_expanded_state():
         load_recipe("tiny", ["harmonic.feature_map=hedgehog", "harmonic.state_size=1"])
 
 
+def test_focus_needs_layers():
+    with pytest.raises(RecipeError, match=r"`phase1.focus_layers` must list layer indices"):
+        load_recipe("tiny", ["phase1.focus_steps=10"])
+    with pytest.raises(RecipeError, match=r"`phase1.focus_steps` must be >= 0"):
+        load_recipe("tiny", ["phase1.focus_steps=-1"])
+    assert load_recipe("tiny", ["phase1.focus_steps=10", "phase1.focus_layers=[0, 1]"]).phase1.focus_layers == [0, 1]
+
+
 def test_phase2_needs_a_loss_term():
     with pytest.raises(RecipeError, match="phase 2 has nothing to learn from"):
         load_recipe("tiny", ["phase2.ce_weight=0", "phase2.kl_weight=0"])
