@@ -337,7 +337,8 @@ class HarmonicBlock(nn.Module):
         return write, read
 
     def _level(self, log_a, level_input, maps, state, mask) -> tuple[torch.Tensor, torch.Tensor]:
-        """One level's recurrence: its outputs (B, L, D) fp32 and final state (B, D [, N]) fp32."""
+        """One level's recurrence: its outputs (B, L, D) fp32 and final state (B, D [, N]) fp32
+        (with Hedgehog (B, 2D, 2N): per head the numerator rows, then the denominator rows)."""
         if maps is not None:
             log_a = log_a.clamp_min(-MAX_DECAY_RATE)  # the chunked path's range (a >= 0.05)
         if mask is not None:  # padding: a = 1, b = 0, the state passes through unchanged

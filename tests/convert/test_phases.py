@@ -51,8 +51,8 @@ def test_conversion_with_a_pool_trains_on_its_sequences_only(tmp_path, monkeypat
     pools = []
 
     class Recorded(TeacherPool):
-        def __init__(self, teacher):
-            super().__init__(teacher)
+        def __init__(self, teacher, layers=None):
+            super().__init__(teacher, layers)
             pools.append(self)
 
     monkeypatch.setattr(phases, "TeacherPool", Recorded)
