@@ -4,18 +4,21 @@
 # costs one phase 2 (~24 min on 2 cores) instead of a whole conversion, and rows differ only in phase 2.
 # Usage: bash evals/results/smollm2-135m-phase2-sweep/run.sh NAME [--set phase2.KEY=VALUE ...]
 # Writes outputs/p2-NAME (the converted model) and evals/results/smollm2-135m-phase2-sweep/NAME/.
+# PHASES (default phase2), OUT and RES override the phases run after the restored phase 1 and the
+# two folders (../smollm2-135m-layer-swap/focus_run.sh runs phase1,phase2 to add a phase1-focus).
 set -euo pipefail
 NAME=$1; shift
 SRC=${SRC:-outputs/smollm2-n64}
-OUT=outputs/p2-$NAME
-RES=evals/results/smollm2-135m-phase2-sweep/$NAME
+PHASES=${PHASES:-phase2}
+OUT=${OUT:-outputs/p2-$NAME}
+RES=${RES:-evals/results/smollm2-135m-phase2-sweep/$NAME}
 G=$(python -c "from hallamonic.loading import smollm2_gguf_path as p; print(p())")
 export OMP_NUM_THREADS=2
 if [ ! -f "$OUT/model.safetensors" ]; then
   mkdir -p "$OUT/training/checkpoints"
   cp "$SRC/training/tokens.npy" "$OUT/training/"
   [ -d "$OUT/training/checkpoints/phase1" ] || cp -r "$SRC/training/checkpoints/phase1" "$OUT/training/checkpoints/"
-  hallamonic convert smollm2-135m -o "$OUT" --resume --phases phase2 \
+  hallamonic convert smollm2-135m -o "$OUT" --resume --phases "$PHASES" \
     --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl "$@"
 fi
 mkdir -p "$RES"
