@@ -13,7 +13,6 @@ Layout of an output folder (it is itself a loadable Hugging Face checkpoint):
 
 from __future__ import annotations
 
-
 import json
 import os
 import platform
@@ -260,18 +259,28 @@ def convert(
     return report
 
 
+def _attention_transfer(name, section, layers, pool, stream, recipe, student, teacher, accelerator, out, log, resume) -> PhaseResult:
+    """Train the blocks of ``layers`` alone on their teacher attention I/O (phase 1's loss) for
+    ``section.steps`` steps over ``stream``; ``pool`` captures each sequence's teacher I/O once."""
+    stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=section.normalize, recompute=section.recompute)
+    prefixes = tuple(f"model.layers.{i}.mixer." for i in layers)
+    trainable = {n: p for n, p in student.named_parameters() if p.requires_grad and n.startswith(prefixes)}
+    every = len(layers) == len(student.model.layers)
+    return run_phase(
+        name=name, accelerator=accelerator, module=stack, trainable=trainable,
+        loss_fn=phase1_loss(teacher, pool=pool, layers=None if every else layers),
+        batches=PackedBatches(stream, section.seq_len, seed=recipe.seed),
+        section=section, train=recipe.train, checkpointing=recipe.checkpoint,
+        checkpoint_root=_phase_checkpoints(out, name), log=log, resume=resume,
+    )
+
+
 def run_phase1(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
     """Phase 1: every HarmonicBlock trained alone on its layer's teacher attention I/O."""
-    stack = MixerStack(
-        [layer.mixer for layer in student.model.layers], normalize=recipe.phase1.normalize, recompute=recipe.phase1.recompute
-    )
-    trainable = {name: p for name, p in student.named_parameters() if p.requires_grad}
-    return run_phase(
-        name="phase1", accelerator=accelerator, module=stack, trainable=trainable,
-        loss_fn=phase1_loss(teacher, pool=recipe.phase1.teacher_pool > 0),
-        batches=PackedBatches(_phase1_tokens(recipe, tokens), recipe.phase1.seq_len, seed=recipe.seed),
-        section=recipe.phase1, train=recipe.train, checkpointing=recipe.checkpoint,
-        checkpoint_root=_phase_checkpoints(out, "phase1"), log=log, resume=resume,
+    every = range(len(student.model.layers))
+    return _attention_transfer(
+        "phase1", recipe.phase1, every, recipe.phase1.teacher_pool > 0, _phase1_tokens(recipe, tokens),
+        recipe, student, teacher, accelerator, out, log, resume,
     )
 
 
@@ -290,19 +299,10 @@ def run_phase1_focus(recipe, student, teacher, tokens, accelerator, out, log, re
     teacher I/O is captured once makes such a step ~1/8 the cost of a phase-1 step.
     """
     p1 = recipe.phase1
-    layers = list(p1.focus_layers)
-    stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=p1.normalize, recompute=p1.recompute)
-    prefixes = tuple(f"model.layers.{i}.mixer." for i in layers)
-    trainable = {name: p for name, p in student.named_parameters() if p.requires_grad and name.startswith(prefixes)}
-    section = replace(
-        p1, steps=p1.focus_steps, lr=p1.focus_lr, warmup_steps=max(p1.focus_steps // 10, 1), teacher_pool=p1.focus_pool
-    )
-    return run_phase(
-        name="phase1-focus", accelerator=accelerator, module=stack, trainable=trainable,
-        loss_fn=phase1_loss(teacher, pool=True, layers=layers),
-        batches=PackedBatches(tokens[: p1.focus_pool * p1.seq_len], p1.seq_len, seed=recipe.seed),
-        section=section, train=recipe.train, checkpointing=recipe.checkpoint,
-        checkpoint_root=_phase_checkpoints(out, "phase1-focus"), log=log, resume=resume,
+    section = replace(p1, steps=p1.focus_steps, lr=p1.focus_lr, warmup_steps=max(p1.focus_steps // 10, 1))
+    return _attention_transfer(
+        "phase1-focus", section, list(p1.focus_layers), True, tokens[: p1.focus_pool * p1.seq_len],
+        recipe, student, teacher, accelerator, out, log, resume,
     )
 
 

@@ -209,8 +209,8 @@ def test_phase2_alone_starts_from_a_finished_phase1(converted, tmp_path):
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     real = pipeline.phase1_loss
 
-    def poisoned(teacher, pool=False):
-        inner, step = real(teacher, pool=pool), {"n": 0}
+    def poisoned(teacher, pool=False, layers=None):
+        inner, step = real(teacher, pool=pool, layers=layers), {"n": 0}
 
         def loss_fn(module, batch):
             step["n"] += 1
