@@ -50,11 +50,16 @@ def make_trials(tokenizer, length: int, trials: int, seed: int) -> list[tuple[li
     return [make_trial(tokenizer, length, rng.random(), str(rng.randint(10_000, 99_999))) for _ in range(trials)]
 
 
-def retrieves(model, prompt: list[int], answer: list[int]) -> bool:
-    """True when greedy decoding after `prompt` would produce `answer` exactly."""
+def key_hits(model, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """(len(answer),) bool: which of the key's tokens are the greedy argmax given all before them.
+
+    All true exactly when greedy decoding after `prompt` would write the key. The fraction true is
+    a partial credit that tells "knows the key's first digits" from "has no idea" when every model
+    scores 0 on the exact match.
+    """
     ids = torch.tensor([prompt + answer])  # (1, L)
     _, hit = score_tokens(model, ids, start=len(prompt) - 1)  # (1, len(answer)): the answer's predictions
-    return bool(hit.all())
+    return hit[0]
 
 
 def evaluate_passkey(
@@ -67,8 +72,12 @@ def evaluate_passkey(
     max_attention_length: int | None = None,
     progress: bool = True,
 ) -> dict:
-    """Accuracy per length over `trials` trials; lengths that cannot run go under `not_run`."""
-    result = {"task": "passkey", "accuracy": {}, "trials": trials, "prompt_tokens": {}, "not_run": {}}
+    """Accuracy per length over `trials` trials; lengths that cannot run go under `not_run`.
+
+    `accuracy`: the fraction of trials whose whole key greedy decoding would write; `key_tokens`:
+    the fraction of the key's tokens right given the ones before them (teacher-forced partial credit).
+    """
+    result = {"task": "passkey", "accuracy": {}, "key_tokens": {}, "trials": trials, "prompt_tokens": {}, "not_run": {}}
     failed: str | None = None
     for length in sorted(lengths):
         key = str(length)
@@ -82,11 +91,12 @@ def evaluate_passkey(
             result["not_run"][key] = f"shorter than the passkey prompt without filler ({longest} tokens)"
             continue
         hits = unless_out_of_memory(
-            lambda: [retrieves(model, p, a) for p, a in tqdm(cases, desc=f"passkey {length}", disable=not progress)]
+            lambda: [key_hits(model, p, a) for p, a in tqdm(cases, desc=f"passkey {length}", disable=not progress)]
         )
         if hits is None:
             failed = result["not_run"][key] = "out of memory"
             continue
-        result["accuracy"][key] = sum(hits) / len(hits)
+        result["accuracy"][key] = sum(bool(h.all()) for h in hits) / len(hits)
+        result["key_tokens"][key] = sum(h.float().mean().item() for h in hits) / len(hits)
         result["prompt_tokens"][key] = round(sum(len(p) + len(a) for p, a in cases) / len(cases))
     return result

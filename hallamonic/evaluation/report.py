@@ -46,9 +46,14 @@ def markdown_table(results: dict) -> str:
                     cells = ", ".join(f"{k}: {v:.3f}" for k, v in buckets.items())
                     table += f"\n- {name} @ {length}, bits by position: {cells}"
         return table
-    return f"Passkey accuracy by length ({next(iter(results.values()))['trials']} trials each)\n\n" + _length_table(
+    table = f"Passkey accuracy by length ({next(iter(results.values()))['trials']} trials each)\n\n" + _length_table(
         results, "accuracy", 2
     )
+    for name, r in results.items():
+        if r.get("key_tokens"):  # absent in results written before the partial credit existed
+            cells = ", ".join(f"{n}: {v:.2f}" for n, v in r["key_tokens"].items())
+            table += f"\n- {name}, key tokens right (teacher-forced): {cells}"
+    return table
 
 
 def write_results(results: dict, output_dir: str | Path) -> Path:

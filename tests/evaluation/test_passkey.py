@@ -16,14 +16,17 @@ class PeekingLM(nn.Module):
     Not causal on purpose: it shows that scoring reads exactly the answer positions.
     """
 
-    def __init__(self, vocab: int, wrong: bool = False):
+    def __init__(self, vocab: int, wrong: bool = False, miss_first_of: int = 0):
         super().__init__()
         self.config = SimpleNamespace(model_type="peek")
         self.dummy = nn.Parameter(torch.zeros(1))
-        self.vocab, self.wrong = vocab, wrong
+        self.vocab, self.wrong, self.miss_first_of = vocab, wrong, miss_first_of
 
     def forward(self, input_ids, **_):
         nxt = torch.roll(input_ids, -1 - int(self.wrong), dims=1)  # (B, L)
+        if self.miss_first_of:  # wrong only on the first token of an answer this many tokens long
+            at = input_ids.shape[1] - 1 - self.miss_first_of
+            nxt[:, at] = (nxt[:, at] + 1) % self.vocab
         return SimpleNamespace(logits=nn.functional.one_hot(nxt, self.vocab).float() * 10)  # (B, L, V)
 
 
@@ -45,7 +48,17 @@ def test_oracles_score_one_and_zero(tokenizer):
     right = evaluate_passkey(PeekingLM(len(tokenizer)), tokenizer, [256, 384], trials=3, progress=False)
     wrong = evaluate_passkey(PeekingLM(len(tokenizer), wrong=True), tokenizer, [256, 384], trials=3, progress=False)
     assert right["accuracy"] == {"256": 1.0, "384": 1.0} and right["trials"] == 3
+    assert right["key_tokens"] == {"256": 1.0, "384": 1.0}
     assert wrong["accuracy"] == {"256": 0.0, "384": 0.0}
+
+
+def test_key_tokens_give_partial_credit_where_accuracy_gives_none(tokenizer):
+    (_, answer), = make_trials(tokenizer, 256, 1, seed=0)
+    model = PeekingLM(len(tokenizer), miss_first_of=len(answer))  # every key token right but the first
+    result = evaluate_passkey(model, tokenizer, [256], trials=1, progress=False)
+    assert len(answer) > 1
+    assert result["accuracy"] == {"256": 0.0}
+    assert abs(result["key_tokens"]["256"] - (len(answer) - 1) / len(answer)) < 1e-6
 
 
 def test_random_llama_runs_and_marks_out_of_range_lengths(llama, tokenizer):

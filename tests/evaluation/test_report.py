@@ -32,8 +32,10 @@ def test_lambada_and_passkey_tables(tmp_path):
     lam = markdown_table({"m": {"task": "lambada", "accuracy": 0.5, "perplexity": 12.345, "n": 4}})
     assert "| m | 0.5000 | 12.35 | 4 |" in lam
     pk = {"m": {"task": "passkey", "accuracy": {"1024": 1.0, "2048": 0.5}, "trials": 2, "not_run": {}}}
-    assert "| m | 1.00 | 0.50 |" in markdown_table(pk)
+    assert "| m | 1.00 | 0.50 |" in markdown_table(pk)  # results from before key_tokens existed still print
     assert plot_results(pk, tmp_path)[0].name == "passkey.png"
+    pk["m"]["key_tokens"] = {"1024": 1.0, "2048": 0.8}
+    assert "- m, key tokens right (teacher-forced): 1024: 1.00, 2048: 0.80" in markdown_table(pk)
 
 
 def test_no_plot_when_every_length_was_skipped(tmp_path):
