@@ -408,7 +408,7 @@ def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict)
         generation = getattr(teacher, "generation_config", None)
         if generation is not None:
             generation.save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(recipe, report))
+        (staging / "README.md").write_text(model_card(recipe, report, student.config))
         for path in staging.iterdir():
             os.replace(path, out / path.name)
     finally:
@@ -416,7 +416,19 @@ def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict)
     (out / "training" / "report.json").write_text(json.dumps(report, indent=1, default=str))
 
 
-def model_card(recipe: Recipe, report: dict) -> str:
+def block_description(config) -> str:
+    """One phrase for the card: what each HarmonicBlock keeps, read from the exported config."""
+    levels = len(config.timescale_bands)
+    if config.state_size == 1:
+        return f"{levels}-level hierarchical state-space mixer with a diagonal state (one number per channel per level)"
+    maps = "Hedgehog feature maps, normalised read-out" if config.feature_map == "hedgehog" else "q.k linear attention"
+    return (
+        f"{levels}-level hierarchical state-space mixer with an expanded, selective state: {config.state_size} "
+        f"numbers per channel per level, written through per-head keys and read through per-head queries ({maps})"
+    )
+
+
+def model_card(recipe: Recipe, report: dict, config) -> str:
     counts = report["parameters"]
     base = public_name(recipe.base.model)
     lines = [
@@ -428,8 +440,8 @@ def model_card(recipe: Recipe, report: dict) -> str:
         "",
         f"# Hallamonic conversion of `{base}`",
         "",
-        "Every attention layer was replaced by a HarmonicBlock (three-level hierarchical diagonal state-space "
-        "mixer, no attention, no positional encoding); FFNs, embeddings and LM head are the teacher's, frozen. "
+        f"Every attention layer was replaced by a HarmonicBlock ({block_description(config)}; no attention, no "
+        "positional encoding); FFNs, embeddings and LM head are the teacher's, frozen. "
         "Load with `AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`.",
         "",
         "## Conversion",

@@ -50,6 +50,7 @@ def test_export_is_a_complete_checkpoint(converted):
     assert config["base_model_name_or_path"] == "builtin:tiny-llama"
     card = (out / "README.md").read_text()
     assert "phase1" in card and "Held-out bits per token" in card
+    assert f"expanded, selective state: {config['head_dim']} numbers per channel per level" in card
     assert (out / "training" / "loss.png").stat().st_size > 1000
     assert [p["name"] for p in report["phases"]] == ["phase1", "phase2"]
     assert report["heldout"]["converted"]["bits_per_token"]["128"] > 0
@@ -293,3 +294,12 @@ def test_focus_layers_outside_the_model_are_refused_before_the_folder_is_made(tm
     with pytest.raises(ValueError, match=r"`phase1.focus_layers`: the model has layers 0-1, got \[5\]"):
         convert(recipe, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_card_describes_the_block_that_was_exported():
+    from hallamonic.modeling.configuration_hallamonic import HallamonicConfig
+
+    diagonal = pipeline.block_description(HallamonicConfig(state_size=1))
+    hedgehog = pipeline.block_description(HallamonicConfig(state_size=64, feature_map="hedgehog"))
+    assert "diagonal state (one number per channel per level)" in diagonal and diagonal.startswith("3-level")
+    assert "64 numbers per channel per level" in hedgehog and "Hedgehog feature maps" in hedgehog
