@@ -51,11 +51,12 @@ def make_trials(tokenizer, length: int, trials: int, seed: int) -> list[tuple[li
 
 
 def key_hits(model, prompt: list[int], answer: list[int]) -> torch.Tensor:
-    """(len(answer),) bool: which of the key's tokens are the greedy argmax given all before them.
+    """(len(answer),) bool: which of the answer's tokens (the key with its leading space) are the
+    greedy argmax given all before them.
 
     All true exactly when greedy decoding after `prompt` would write the key. The fraction true is
-    a partial credit that tells "knows the key's first digits" from "has no idea" when every model
-    scores 0 on the exact match.
+    a partial credit that tells "has most of the key" from "has no idea" when every model scores 0
+    on the exact match.
     """
     ids = torch.tensor([prompt + answer])  # (1, L)
     _, hit = score_tokens(model, ids, start=len(prompt) - 1)  # (1, len(answer)): the answer's predictions
@@ -75,7 +76,7 @@ def evaluate_passkey(
     """Accuracy per length over `trials` trials; lengths that cannot run go under `not_run`.
 
     `accuracy`: the fraction of trials whose whole key greedy decoding would write; `key_tokens`:
-    the fraction of the key's tokens right given the ones before them (teacher-forced partial credit).
+    the fraction of the answer's tokens right given the ones before them (teacher-forced partial credit).
     """
     result = {"task": "passkey", "accuracy": {}, "key_tokens": {}, "trials": trials, "prompt_tokens": {}, "not_run": {}}
     failed: str | None = None
