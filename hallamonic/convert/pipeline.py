@@ -456,10 +456,9 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
         "|---|---|---|---|---|---|",
     ]
     for phase in report["phases"]:
-        section = getattr(recipe, phase["name"].split("-")[0])  # phase1-focus: phase 1's sequences
         loss = f"{phase['final_loss']:.4f}" if phase["final_loss"] is not None else "-"
         lines.append(
-            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {section.seq_len} | {phase['seconds'] / 60:.1f} min | {loss} |"
+            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {phase['seq_len']} | {phase['seconds'] / 60:.1f} min | {loss} |"
         )
     heldout = report.get("heldout") or {}
     if heldout:

@@ -37,6 +37,7 @@ class PhaseResult:
     seconds: float
     final_loss: float | None
     resumed_from: int = 0
+    seq_len: int = 0  # tokens per sequence: the card shows it without knowing which recipe section ran
 
 
 def make_accelerator(mixed_precision: str):
@@ -104,7 +105,7 @@ def run_phase(
         accelerator.print(f"[{name}] resuming from {latest} (step {start}/{section.steps})")
     tokens_per_step = section.batch_size * train.grad_accum * accelerator.num_processes * section.seq_len
     if start >= section.steps:
-        return PhaseResult(name, section.steps, section.steps * tokens_per_step, 0.0, None, resumed_from=start)
+        return PhaseResult(name, section.steps, section.steps * tokens_per_step, 0.0, None, resumed_from=start, seq_len=section.seq_len)
 
     module, optimizer = accelerator.prepare(module, optimizer)
     module.train()
@@ -169,4 +170,4 @@ def run_phase(
             accelerator.wait_for_everyone()
     bar.close()
     seconds = time.perf_counter() - began
-    return PhaseResult(name, section.steps, section.steps * tokens_per_step, seconds, loss_value, resumed_from=start)
+    return PhaseResult(name, section.steps, section.steps * tokens_per_step, seconds, loss_value, resumed_from=start, seq_len=section.seq_len)

@@ -271,6 +271,9 @@ def test_focus_trains_only_the_focus_layers_and_phase2_alone_restores_it(convert
     out = tmp_path / "focus"
     report = convert(load_recipe("tiny", focus), out)
     assert [p["name"] for p in report["phases"]] == ["phase1", "phase1-focus"]
+    seq_len = load_recipe("tiny", focus).phase1.seq_len
+    assert report["phases"][1]["seq_len"] == seq_len  # the card's row reads it from the phase itself
+    assert f"| phase1-focus | 3 | {report['phases'][1]['tokens']:,} | {seq_len} |" in (out / "README.md").read_text()
     stages = report["attention_transfer"]["normalised_mse"]
     assert set(stages) >= {"phase1", "phase1-focus"}
     assert stages["phase1-focus"][0] == stages["phase1"][0]  # layer 0 untouched
