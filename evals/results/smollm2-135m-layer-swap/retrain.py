@@ -7,7 +7,17 @@ before and after, with the transfer error on the pipeline's held-out probe token
 
 With --all, also scores the whole converted model (every layer's block, the retrained ones in place).
 
-Usage: python retrain.py CONVERTED_DIR LAYERS [--steps 180] [--lr 1e-3] [--limit 300] [--all]
+With --retrieval-weight ALPHA > 0, each position's squared error is weighted 1 + ALPHA * r_t
+(rescaled to mean 1 per sequence), where r_t is how sharply the teacher's heads retrieve there: the
+mean over heads of the largest attention probability on an earlier token at distance >= 2, the first
+token (the attention sink) excluded. It asks whether weighting the transfer toward retrieval events
+buys more LAMBADA than the plain normalised MSE.
+
+With --train-text FILE the 48 training sequences come from that text file (tokenized whole, packed
+into 512-token sequences, shuffled with seed 0) instead of the conversion's FineWeb token cache: does
+the text the recall layers are fitted on matter (FineWeb's legal-leaning web text vs narrative)?
+
+Usage: python retrain.py CONVERTED_DIR LAYERS [--steps 180] [--lr 1e-3] [--limit 300] [--all] [--retrieval-weight 0] [--train-text FILE]
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). Appends one line to
 retrain.jsonl beside this file.
 """
@@ -50,7 +60,25 @@ def capture(teacher, seqs, layers):
     return {i: (torch.cat(ins[i]), torch.cat(outs[i])) for i in layers}
 
 
-def train(block, x_all, y_all, steps: int, lr: float, seed: int) -> None:
+@torch.no_grad()
+def retrieval_scores(teacher, seqs, layers) -> dict[int, torch.Tensor]:
+    """Per layer, r_t (len(seqs), L): mean over heads of max_{1 <= s <= t-2} A[t, s]."""
+    teacher.set_attn_implementation("eager")
+    scores = {i: [] for i in layers}
+    for start in range(0, len(seqs), BATCH):
+        attentions = teacher.model(input_ids=seqs[start : start + BATCH], output_attentions=True, use_cache=False).attentions
+        for i in layers:
+            probs = attentions[i].float()  # (B, H, L, L)
+            length = probs.shape[-1]
+            far = torch.ones(length, length, dtype=torch.bool).tril(-2)  # s <= t - 2
+            far[:, 0] = False  # the first token: the attention sink, not a retrieval
+            peak = probs.masked_fill(~far, 0.0).amax(dim=-1)  # (B, H, L)
+            scores[i].append(peak.mean(dim=1))  # (B, L)
+    teacher.set_attn_implementation("sdpa")
+    return {i: torch.cat(scores[i]) for i in layers}
+
+
+def train(block, x_all, y_all, steps: int, lr: float, seed: int, w_all=None) -> None:
     params = [p for p in block.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(steps // 10, 1)
@@ -61,7 +89,10 @@ def train(block, x_all, y_all, steps: int, lr: float, seed: int) -> None:
     for _ in range(steps):
         idx = torch.randint(0, len(x_all), (BATCH,), generator=g)
         x, y = x_all[idx], y_all[idx]  # (4, 512, hidden) each
-        loss = (block(x)[0].float() - y.float()).pow(2).mean() / y.float().pow(2).mean()
+        error = (block(x)[0].float() - y.float()).pow(2)  # (4, 512, hidden)
+        if w_all is not None:  # per-position weights, mean 1 per sequence: (4, 512, 1)
+            error = error * w_all[idx].unsqueeze(-1)
+        loss = error.mean() / y.float().pow(2).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -77,6 +108,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--all", action="store_true", help="also score the whole converted model after retraining")
+    parser.add_argument("--train-text", help="fit on sequences of this text file instead of the FineWeb token cache")
+    parser.add_argument("--retrieval-weight", type=float, default=0.0, help="ALPHA: weight positions 1 + ALPHA * r_t (see above)")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -86,7 +119,18 @@ def main() -> None:
     layers = parse_layers(args.layers, len(teacher.model.layers))
     recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
     tokens = np.load("outputs/smollm2-n64/training/tokens.npy")
-    train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[:TRAIN_SEQS], layers)
+    train_tokens = tokens
+    if args.train_text:
+        text = open(args.train_text, encoding="utf-8-sig").read()
+        train_tokens = np.array(tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int64)
+    train_seqs = PackedBatches(train_tokens, 512, seed=0).sequences[:TRAIN_SEQS]
+    train_io = capture(teacher, train_seqs, layers)
+    weights = {i: None for i in layers}
+    if args.retrieval_weight > 0:
+        for i, r in retrieval_scores(teacher, train_seqs, layers).items():
+            w = 1.0 + args.retrieval_weight * r  # (48, 512)
+            weights[i] = w / w.mean(dim=1, keepdim=True)
+            print(f"layer {i}: r_t mean {r.mean():.3f}, p90 {r.quantile(0.9):.3f}; weight max {weights[i].max():.2f}", flush=True)
     probe, _ = _transfer_probe(recipe, tokens, tokenizer)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
@@ -106,12 +150,14 @@ def main() -> None:
     print(json.dumps({"before": before}), flush=True)
     start = time.time()
     for i in layers:
-        train(blocks[i], *train_io[i], steps=args.steps, lr=args.lr, seed=i)
+        train(blocks[i], *train_io[i], steps=args.steps, lr=args.lr, seed=i, w_all=weights[i])
     after = {"lambada": score(), "mse": {i: normalised_mse(blocks[i], *held[i]) for i in layers}}
     if args.all:
         with torch.no_grad():
             after["lambada_all_layers"] = score(range(len(teacher.model.layers)))
     row = {"converted": args.converted, "layers": args.layers, "steps": args.steps, "lr": args.lr,
+           **({"retrieval_weight": args.retrieval_weight} if args.retrieval_weight > 0 else {}),
+           **({"train_text": args.train_text} if args.train_text else {}),
            "before": before, "after": after, "train_seconds": round(time.time() - start, 1)}
     print(json.dumps(row), flush=True)
     with open(HERE / "retrain.jsonl", "a") as f:
