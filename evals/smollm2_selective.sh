@@ -6,8 +6,11 @@
 #   selective state, 140 + 130 steps, fresh teacher in phase 1, phase-2 lr 5e-4 (the recipe before
 #     phase 2 was tuned): the defaults plus --set phase2.lr=5.0e-4. The recipe now (phase-2 lr 2e-4)
 #     was measured by rerunning phase 2 from that run's phase 1: evals/results/smollm2-135m-phase2-sweep/run.sh
-#   the recipe with phase1-focus on layers 20-24 and 100 phase-2 steps (the recipe now, 60.8 min):
-#     NAME=converted-focus bash evals/smollm2_selective.sh outputs/smollm2-focus evals/results/smollm2-135m-hallamonic-focus
+#   the recipe with phase1-focus on layers 20-24 and 100 phase-2 steps with KL (60.8 min): the recipe then,
+#     NAME=converted-focus bash evals/smollm2_selective.sh outputs/smollm2-focus evals/results/smollm2-135m-hallamonic-focus \
+#       --set phase2.kl_weight=1.0 --set phase2.steps=100
+#   the recipe now (phase 2: 125 steps, cross-entropy only; 61.8 min; its --sets are now the defaults):
+#     NAME=converted-ce125 bash evals/smollm2_selective.sh outputs/smollm2-ce125 evals/results/smollm2-135m-hallamonic-ce125
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
