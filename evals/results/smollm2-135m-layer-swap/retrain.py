@@ -63,6 +63,7 @@ def capture(teacher, seqs, layers):
 @torch.no_grad()
 def retrieval_scores(teacher, seqs, layers) -> dict[int, torch.Tensor]:
     """Per layer, r_t (len(seqs), L): mean over heads of max_{1 <= s <= t-2} A[t, s]."""
+    previous = teacher.config._attn_implementation  # eager attention returns its probabilities
     teacher.set_attn_implementation("eager")
     scores = {i: [] for i in layers}
     for start in range(0, len(seqs), BATCH):
@@ -74,7 +75,7 @@ def retrieval_scores(teacher, seqs, layers) -> dict[int, torch.Tensor]:
             far[:, 0] = False  # the first token: the attention sink, not a retrieval
             peak = probs.masked_fill(~far, 0.0).amax(dim=-1)  # (B, H, L)
             scores[i].append(peak.mean(dim=1))  # (B, L)
-    teacher.set_attn_implementation("sdpa")
+    teacher.set_attn_implementation(previous)
     return {i: torch.cat(scores[i]) for i in layers}
 
 
