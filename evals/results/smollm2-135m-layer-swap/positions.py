@@ -19,11 +19,9 @@ import numpy as np
 import torch
 
 from hallamonic.convert.phases import capture_attention_io
-from hallamonic.convert.pipeline import _transfer_probe
-from hallamonic.convert.recipe import load_recipe
 from hallamonic.evaluation.data import lambada_texts
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
-from swap import LAMBADA
+from swap import LAMBADA, conversion_data
 
 BUCKETS = [(0, 8), (8, 32), (32, 128), (128, 512)]
 
@@ -50,8 +48,7 @@ def main() -> None:
     torch.set_num_threads(2)
     teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
     student, _ = load_causal_lm(converted)
-    recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
-    probe, _ = _transfer_probe(recipe, np.load("outputs/smollm2-n64/training/tokens.npy"), tokenizer)
+    _, _, probe = conversion_data(tokenizer)
     passages = [tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids for text in lambada_texts(LAMBADA, 64)]
     result = {"converted": converted, "buckets": BUCKETS,
               "heldout_probe": profile(teacher, student, [probe]), "lambada_64": profile(teacher, student, passages)}

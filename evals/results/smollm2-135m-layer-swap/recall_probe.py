@@ -24,11 +24,8 @@ import sys
 import time
 import types
 
-import numpy as np
 import torch
 
-from hallamonic.convert.pipeline import _transfer_probe
-from hallamonic.convert.recipe import load_recipe
 from hallamonic.convert.surgery import student_config
 from hallamonic.evaluation.data import lambada_texts
 from hallamonic.evaluation.lambada import evaluate_lambada
@@ -36,7 +33,7 @@ from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 from hallamonic.modeling.modeling_hallamonic import HallamonicPreTrainedModel
 from hallamonic.training.packing import PackedBatches
 from retrain import TRAIN_SEQS, capture, normalised_mse, train
-from swap import HERE, LAMBADA, BlockAsAttention, parse_layers
+from swap import HERE, LAMBADA, BlockAsAttention, conversion_data, parse_layers
 
 sys.path.insert(0, str(HERE.parent / "smollm2-135m-transfer-probe"))
 from probe import ProbeBlock  # noqa: E402
@@ -70,11 +67,9 @@ def main() -> None:
     teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
     teacher.requires_grad_(False)
     layers = parse_layers(args.layers, len(teacher.model.layers))
-    recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
+    recipe, tokens, probe = conversion_data(tokenizer)
     config = student_config(teacher, recipe.harmonic)
-    tokens = np.load("outputs/smollm2-n64/training/tokens.npy")
     train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[:TRAIN_SEQS], layers)
-    probe, _ = _transfer_probe(recipe, tokens, tokenizer)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
     attentions = {i: teacher.model.layers[i].self_attn for i in layers}

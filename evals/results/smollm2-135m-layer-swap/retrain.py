@@ -33,13 +33,11 @@ import numpy as np
 import torch
 
 from hallamonic.convert.phases import capture_attention_io
-from hallamonic.convert.pipeline import _transfer_probe
-from hallamonic.convert.recipe import load_recipe
 from hallamonic.evaluation.data import lambada_texts
 from hallamonic.evaluation.lambada import evaluate_lambada
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 from hallamonic.training.packing import PackedBatches
-from swap import HERE, LAMBADA, BlockAsAttention, parse_layers
+from swap import HERE, LAMBADA, BlockAsAttention, conversion_data, parse_layers
 
 TRAIN_SEQS, BATCH = 48, 4
 
@@ -118,8 +116,7 @@ def main() -> None:
     teacher.requires_grad_(False)
     student, _ = load_causal_lm(args.converted)
     layers = parse_layers(args.layers, len(teacher.model.layers))
-    recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
-    tokens = np.load("outputs/smollm2-n64/training/tokens.npy")
+    _, tokens, probe = conversion_data(tokenizer)
     train_tokens = tokens
     if args.train_text:
         text = open(args.train_text, encoding="utf-8-sig").read()
@@ -132,7 +129,6 @@ def main() -> None:
             w = 1.0 + args.retrieval_weight * r  # (48, 512)
             weights[i] = w / w.mean(dim=1, keepdim=True)
             print(f"layer {i}: r_t mean {r.mean():.3f}, p90 {r.quantile(0.9):.3f}; weight max {weights[i].max():.2f}", flush=True)
-    probe, _ = _transfer_probe(recipe, tokens, tokenizer)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
     attentions = {i: layer.self_attn for i, layer in enumerate(teacher.model.layers)}

@@ -17,15 +17,28 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
+from hallamonic.convert.pipeline import _transfer_probe
+from hallamonic.convert.recipe import load_recipe
 from hallamonic.evaluation.data import lambada_texts
 from hallamonic.evaluation.lambada import evaluate_lambada
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 
 HERE = Path(__file__).parent
 LAMBADA = HERE / "../../../../shared/data/lambada_openai_dev1000.jsonl"
+TOKENS = "outputs/smollm2-n64/training/tokens.npy"  # a conversion's token cache (evals/smollm2_selective.sh)
+
+
+def conversion_data(tokenizer):
+    """(the bundled recipe, its training tokens, its held-out transfer probe), as the pipeline
+    builds them: what the retrain / recall / position scripts fit and measure on."""
+    recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", "data.path=../shared/data/fineweb_train.jsonl"])
+    tokens = np.load(TOKENS)
+    probe, _ = _transfer_probe(recipe, tokens, tokenizer)
+    return recipe, tokens, probe
 
 
 class BlockAsAttention(nn.Module):
