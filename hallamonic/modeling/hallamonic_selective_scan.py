@@ -14,8 +14,8 @@ Implementations, one entry point :func:`selective_scan`:
 
 * ``"reference"`` -- the plain loop above. Slow, obviously correct: the ground truth in tests.
 * ``"chunked"``   -- matmuls inside chunks of ``CHUNK`` steps; the (P, N) state is carried between
-  chunks by the diagonal :func:`scan` (which has its own memory-lean backward). The (L, P, N) state
-  sequence is never formed: only one state per chunk, (B, H, L/CHUNK, P, N). Autograd gives the
+  chunks by a loop over chunks (L / CHUNK steps). The (L, P, N) state sequence is never formed:
+  only one state per chunk, (B, H, L/CHUNK, P, N). Autograd gives the
   backward; wrap the caller in activation checkpointing to keep training memory at the inputs.
 * ``"triton"``    -- the same chunked algorithm fused into one GPU kernel per direction
   (``hallamonic_selective_scan_triton.py``): the state stays in registers, only the state entering
@@ -24,7 +24,9 @@ Implementations, one entry point :func:`selective_scan`:
 Numerics: everything accumulates in fp32. Inside a chunk the decay from s to t is
 exp(cum_t - cum_s), split as exp(cum_t - m) * exp(m - cum_s) around the chunk's middle m so that the
 intra-chunk part is two matmuls; each factor stays below exp(CHUNK/2 * MAX_DECAY_RATE) (e^48),
-far inside fp32's range, because callers clamp log a >= -MAX_DECAY_RATE.
+far inside fp32's range, because callers clamp log a >= -MAX_DECAY_RATE. The decays to the chunk's
+end and from the sequence start reuse them with per-chunk factors exp(total - m) <= 1 and
+exp(m) >= e^-48, so each level costs two full-size exponentials.
 
 This file is shipped inside every converted checkpoint: it imports only torch, the standard library
 and its siblings, and does no I/O.
@@ -33,8 +35,6 @@ and its siblings, and does no I/O.
 from __future__ import annotations
 
 import torch
-
-from .hallamonic_scan import scan
 
 try:  # Triton is optional: absent on CPU-only machines and in CI.
     from .hallamonic_selective_scan_triton import triton_available, triton_selective_scan
@@ -124,25 +124,33 @@ def chunked_selective_scan(b, log_a, write, read, initial_state=None, chunk: int
     middle = cum[:, :, :, chunk // 2 - 1 : chunk // 2]  # (B, H, n, 1, P)
     total = cum[:, :, :, -1]  # (B, H, n, P): log decay across the whole chunk
 
+    # Every decay below is one of two full-size exponentials times a per-chunk factor:
+    # exp(cum_t - cum_s) = grow_t * shrunk_s, exp(total - cum_s) = exp(total - m) * shrunk_s,
+    # exp(cum_t) = grow_t * exp(m).
+    grow = (cum - middle).exp()  # (B, H, n, C, P): exp(cum_t - m)
+    shrunk_b = (middle - cum).exp() * b_c  # (B, H, n, C, P): exp(m - cum_s) b_s
+
     # Within the chunk: y_t = sum_{s<=t} (q_t . k_s) exp(cum_t - cum_s) b_s.
     scores = torch.tril(q_c @ k_c.transpose(-1, -2))  # (B, H, n, C, C)
-    y = (cum - middle).exp() * (scores @ ((middle - cum).exp() * b_c))  # (B, H, n, C, P)
+    inside = scores @ shrunk_b  # (B, H, n, C, P), times grow_t below
 
-    # What each chunk adds to the state, and the state entering every chunk.
-    to_end = (total.unsqueeze(3) - cum).exp() * b_c  # (B, H, n, C, P): decayed to the chunk's end
+    # What each chunk adds to the state, and the state entering every chunk: a loop over chunks
+    # (L / CHUNK steps; autograd sums the decay's gradient over N itself, so the per-(P) decay is
+    # never broadcast to (P, N) and no flipped copies are made for a reverse scan).
+    to_end = (total.unsqueeze(3) - middle).exp() * shrunk_b  # (B, H, n, C, P): decayed to the chunk's end
     added = to_end.transpose(-1, -2) @ k_c  # (B, H, n, P, N)
-    decay = total.exp().unsqueeze(-1).expand_as(added)  # (B, H, n, P, N)
-    flat = lambda t: t.permute(0, 2, 1, 3, 4).reshape(batch, chunks, -1)  # noqa: E731 - (B, n, H*P*N)
-    h0 = initial_state.float().reshape(batch, -1) if initial_state is not None else None
-    ends = scan(flat(decay), flat(added), h0)  # (B, n, H*P*N): the state after every chunk
-    ends = ends.view(batch, chunks, heads, channels, state_size).permute(0, 2, 1, 3, 4)  # (B, H, n, P, N)
-    first = initial_state.float().unsqueeze(2) if initial_state is not None else torch.zeros_like(ends[:, :, :1])
-    before = torch.cat([first, ends[:, :, :-1]], dim=2)  # (B, H, n, P, N)
+    decay = total.exp().unsqueeze(-1)  # (B, H, n, P, 1)
+    state = initial_state.float() if initial_state is not None else None  # (B, H, P, N)
+    states = []  # the state entering every chunk
+    for added_c, decay_c in zip(added.unbind(2), decay.unbind(2)):  # unbind: one stacked gradient, not n
+        states.append(state if state is not None else torch.zeros_like(added_c))
+        state = added_c if state is None else torch.addcmul(added_c, decay_c, state)
+    before = torch.stack(states, dim=2)  # (B, H, n, P, N)
 
-    # Across chunks: y_t += exp(cum_t) * (S_before q_t).
-    y = y + cum.exp() * (q_c @ before.transpose(-1, -2))  # (B, H, n, C, P)
+    # Across chunks: y_t = grow_t * (inside_t + exp(m) * (S_before q_t)).
+    y = grow * (inside + middle.exp() * (q_c @ before.transpose(-1, -2)))  # (B, H, n, C, P)
     y = y.permute(0, 2, 3, 1, 4).reshape(batch, chunks * chunk, heads, channels)[:, :length]
-    return y, ends[:, :, -1]  # (B, L, H, P), (B, H, P, N)
+    return y, state  # (B, L, H, P), (B, H, P, N)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ trains each on its layer's teacher attention I/O (phase 1's normalised MSE, Adam
 and scores LAMBADA (first LIMIT passages of the shared dev file, lm-eval protocol).
 
 Variants: those of `../smollm2-135m-transfer-probe/probe.py` (identity/none, elu/den, hedgehog/den,
-identity/rms).
+identity/rms), with its block options after a third slash (e.g. identity/none/short_conv_size=4).
 
 Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300]
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). One line per
@@ -36,13 +36,12 @@ from retrain import TRAIN_SEQS, capture, normalised_mse, train
 from swap import HERE, LAMBADA, BlockAsAttention, conversion_data, parse_layers
 
 sys.path.insert(0, str(HERE.parent / "smollm2-135m-transfer-probe"))
-from probe import ProbeBlock  # noqa: E402
+from probe import ProbeBlock, parse_variant  # noqa: E402
 
 
-def fresh_block(config, variant: str, teacher, layer: int, x_cal, y_cal) -> ProbeBlock:
-    feature, normalise = variant.split("/")
+def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal, y_cal, sink: bool = False) -> ProbeBlock:
     torch.manual_seed(layer)
-    block = ProbeBlock(config, feature, normalise, layer)
+    block = ProbeBlock(config, feature, normalise, layer, sink)
     for module in block.modules():  # the model's own init (gate timescales, zero up-projections)
         HallamonicPreTrainedModel._init_weights(types.SimpleNamespace(config=config), module)
     block.init_from_attention(teacher.model.layers[layer].self_attn)
@@ -68,17 +67,18 @@ def main() -> None:
     teacher.requires_grad_(False)
     layers = parse_layers(args.layers, len(teacher.model.layers))
     recipe, tokens, probe = conversion_data(tokenizer)
-    config = student_config(teacher, recipe.harmonic)
     train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[:TRAIN_SEQS], layers)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
     attentions = {i: teacher.model.layers[i].self_attn for i in layers}
     for variant in args.variants:
         start = time.time()
+        feature, normalise, harmonic, options = parse_variant(variant, recipe.harmonic)
+        config = student_config(teacher, harmonic)
         blocks, mse = {}, {}
         for i in layers:
             x_all, y_all = train_io[i]
-            blocks[i] = fresh_block(config, variant, teacher, i, x_all[:2], y_all[:2])
+            blocks[i] = fresh_block(config, feature, normalise, teacher, i, x_all[:2], y_all[:2], options.get("sink") == "true")
             mse[i] = {"calibrated": normalised_mse(blocks[i], *held[i])}
             train(blocks[i], x_all, y_all, steps=args.steps, lr=args.lr, seed=i)
             mse[i]["trained"] = normalised_mse(blocks[i], *held[i])

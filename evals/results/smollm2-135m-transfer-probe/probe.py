@@ -51,9 +51,12 @@ LR = 2e-3
 
 
 class ProbeBlock(HarmonicBlock):
-    def __init__(self, config, feature: str, normalise: str, layer_idx: int = 0):
+    def __init__(self, config, feature: str, normalise: str, layer_idx: int = 0, sink: bool = False):
         super().__init__(config, layer_idx)
         self.feature, self.normalise = feature, normalise
+        if sink:  # an attention-sink term: per head sigmoid(w.x + c) * v_sink, added before o_proj
+            self.sink_gate = nn.Linear(config.hidden_size, config.num_attention_heads)
+            self.sink_value = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
         n = config.state_size
         if feature in ("hedgehog", "softmax"):
             eye = torch.eye(n)
@@ -61,6 +64,13 @@ class ProbeBlock(HarmonicBlock):
             self.fq = nn.Parameter(eye.repeat(config.num_attention_heads, 1, 1))  # (H, N, N)
         if normalise == "rms":
             self.out_norm = nn.Parameter(torch.ones(config.num_attention_heads * config.head_dim))
+
+    def forward(self, x, state=None, mask=None):
+        y, state = super().forward(x, state, mask)
+        if hasattr(self, "sink_gate"):
+            sink = torch.sigmoid(self.sink_gate(x)).unsqueeze(-1) * self.sink_value  # (B, L, H, P)
+            y = y + F.linear(sink.flatten(2).to(y.dtype), self.o_proj.weight)
+        return y, state
 
     def _phi(self, x, weight):  # x: (B, L, h, N)
         if self.feature == "identity":
@@ -98,6 +108,16 @@ class ProbeBlock(HarmonicBlock):
         return y.reshape(B, L, W), new
 
 
+def parse_variant(variant: str, harmonic):
+    """'feature/normalise[/key=value...]' -> feature, normalise, the recipe's harmonic section with
+    the block options among the keys replaced, and every key=value given (lr, steps stay strings)."""
+    feature, normalise, *extra = variant.split("/")
+    overrides = dict(e.split("=") for e in extra)
+    casts = {"hierarchy": lambda v: v == "true", "short_conv_size": int, "timescale_bands": json.loads}
+    harmonic = type(harmonic)(**{**harmonic.__dict__, **{k: casts[k](v) for k, v in overrides.items() if k in casts}})
+    return feature, normalise, harmonic, overrides
+
+
 def normalised_mse(block, x, y):
     pred = block(x)[0].float()
     return ((pred - y.float()).pow(2).mean() / y.float().pow(2).mean()).item()
@@ -124,11 +144,7 @@ def main(variants):
     print(f"captured {len(seqs)} x 512 training + {source} in {time.time() - t0:.0f}s", flush=True)
     results = {}
     for variant in variants:
-        feature, normalise, *extra = variant.split("/")
-        overrides = dict(e.split("=") for e in extra)
-        harmonic = recipe.harmonic
-        casts = {"hierarchy": lambda v: v == "true", "short_conv_size": int, "timescale_bands": json.loads}
-        harmonic = type(harmonic)(**{**harmonic.__dict__, **{k: casts[k](v) for k, v in overrides.items() if k in casts}})
+        feature, normalise, harmonic, overrides = parse_variant(variant, recipe.harmonic)
         lr = float(overrides.get("lr", LR))
         steps = int(overrides.get("steps", STEPS))
         config = student_config(teacher, harmonic)

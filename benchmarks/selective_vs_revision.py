@@ -1,0 +1,80 @@
+"""The chunked selective scan of this tree against the same function at an earlier git revision,
+forward + backward, timed side by side in one run (and checked to agree).
+
+    python benchmarks/selective_vs_revision.py REV [--shapes 4x512,1x1024,1x4096] [--repeats 8]
+
+Shapes are batch x length at SmolLM2's mixer (9 heads, 64 channels, N = 64): 4 x 512 is a phase-1
+micro-batch, 1 x 1,024 a phase-2 one. Prints ms per call and the ratio old / new.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hallamonic.modeling import hallamonic_selective_scan as current
+
+MODULE = "hallamonic/modeling/hallamonic_selective_scan.py"
+
+
+def load_revision(rev: str):
+    """The module as it was at REV, imported under another name (its sibling imports made absolute)."""
+    source = subprocess.run(["git", "show", f"{rev}:{MODULE}"], capture_output=True, text=True, check=True).stdout
+    source = source.replace("from .hallamonic_", "from hallamonic.modeling.hallamonic_")
+    path = Path(tempfile.mkdtemp()) / "selective_at_revision.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("selective_at_revision", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def inputs(batch: int, length: int, heads=9, channels=64, state=64):
+    g = torch.Generator().manual_seed(0)
+    b = torch.randn(batch, length, heads, channels, generator=g)
+    log_a = -torch.rand(batch, length, heads, channels, generator=g) * 0.5
+    write, read = (torch.randn(batch, length, heads, state, generator=g) for _ in range(2))
+    return [t.requires_grad_() for t in (b, log_a, write, read)]
+
+
+def time_ms(fn, tensors, repeats: int) -> float:
+    times = []
+    for i in range(repeats + 2):  # two warm-up calls
+        began = time.perf_counter()
+        y, final = fn(*tensors)
+        (y.square().mean() + final.square().mean()).backward()
+        if i >= 2:
+            times.append(time.perf_counter() - began)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rev")
+    parser.add_argument("--shapes", default="4x512,1x1024,1x4096")
+    parser.add_argument("--repeats", type=int, default=8)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    old = load_revision(args.rev)
+    print(f"chunked selective scan, fwd+bwd, 9 heads x 64 channels x N=64, {torch.get_num_threads()} threads")
+    print(f"{'batch x length':>15} {args.rev[:10]:>12} {'this tree':>12} {'old/new':>8} {'max |dy|':>10}")
+    for shape in args.shapes.split(","):
+        batch, length = (int(s) for s in shape.split("x"))
+        tensors = inputs(batch, length)
+        y_old, _ = old.chunked_selective_scan(*tensors)
+        y_new, _ = current.chunked_selective_scan(*tensors)
+        diff = (y_old - y_new).abs().max().item()
+        ms_old = time_ms(old.chunked_selective_scan, tensors, args.repeats)
+        ms_new = time_ms(current.chunked_selective_scan, tensors, args.repeats)
+        print(f"{shape:>15} {ms_old:12.1f} {ms_new:12.1f} {ms_old / ms_new:8.2f} {diff:10.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
