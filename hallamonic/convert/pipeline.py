@@ -181,7 +181,8 @@ def convert(
     teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
     teacher.eval().requires_grad_(False)
     if recipe.phase1.focus_steps > 0:
-        check_focus_layers(recipe.phase1.focus_layers, len(teacher.model.layers))
+        check_layers("phase1.focus_layers", recipe.phase1.focus_layers, len(teacher.model.layers))
+    check_layers("phase2.frozen_layers", recipe.phase2.frozen_layers, len(teacher.model.layers))
     teacher.to(accelerator.device)
     tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes, resume)
     longest = max(recipe.phase1.seq_len if recipe.phase1.steps else 0, recipe.phase2.seq_len if recipe.phase2.steps else 0)
@@ -284,10 +285,10 @@ def run_phase1(recipe, student, teacher, tokens, accelerator, out, log, resume) 
     )
 
 
-def check_focus_layers(layers: list[int], count: int) -> None:
+def check_layers(key: str, layers: list[int], count: int) -> None:
     outside = [i for i in layers if i >= count]
     if outside:
-        raise ValueError(f"recipe key `phase1.focus_layers`: the model has layers 0-{count - 1}, got {outside}")
+        raise ValueError(f"recipe key `{key}`: the model has layers 0-{count - 1}, got {outside}")
 
 
 def run_phase1_focus(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
@@ -308,7 +309,10 @@ def run_phase1_focus(recipe, student, teacher, tokens, accelerator, out, log, re
 
 def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
     """Phase 2: the whole student end to end (next-token + KL to the teacher), MLPs and
-    embeddings frozen unless LoRA adapters are asked for (merged back afterwards)."""
+    embeddings frozen unless LoRA adapters are asked for (merged back afterwards), and the mixers
+    of ``phase2.frozen_layers`` too: on SmolLM2, end-to-end training of the recall layers' blocks
+    lowers LAMBADA accuracy that the attention transfer had built
+    (``evals/results/smollm2-135m-layer-swap/phase_states.py``)."""
     section = recipe.phase2
     model = student
     if section.lora_rank > 0:
@@ -321,6 +325,10 @@ def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) 
                 param.requires_grad_(True)
     if section.gradient_checkpointing:
         student.gradient_checkpointing_enable()
+    frozen = tuple(f"model.layers.{i}.mixer." for i in section.frozen_layers)
+    for name, param in model.named_parameters():  # (peft prefixes the names: match inside them)
+        if any(prefix in name for prefix in frozen):
+            param.requires_grad_(False)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     window = getattr(teacher.config, "max_position_embeddings", None)
     result = run_phase(

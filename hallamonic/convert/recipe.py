@@ -85,6 +85,7 @@ class Phase2Section(PhaseSection):
     lora_alpha: float = 16.0
     gradient_checkpointing: bool = False
     chunk_size: int = 0  # > 0: forward in chunks of this many tokens (carried states)
+    frozen_layers: list = field(default_factory=list)  # layers whose mixers phase 2 leaves as phase 1 made them
 
 
 @dataclass
@@ -145,6 +146,9 @@ def _validate(recipe: Recipe) -> None:
             raise RecipeError(f"recipe key `phase1.focus_layers` must list layer indices >= 0 when `phase1.focus_steps` > 0, got {focus.focus_layers!r}")
         if focus.focus_pool <= 0 or not focus.focus_lr > 0:
             raise RecipeError("recipe keys `phase1.focus_pool` and `phase1.focus_lr` must be > 0 when `phase1.focus_steps` > 0")
+    frozen = recipe.phase2.frozen_layers
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in frozen):
+        raise RecipeError(f"recipe key `phase2.frozen_layers` must list layer indices >= 0, got {frozen!r}")
     for key in ("phase1.lr", "phase2.lr"):
         if not flat[key] > 0:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {flat[key]!r}")

@@ -292,6 +292,27 @@ def test_focus_trains_only_the_focus_layers_and_phase2_alone_restores_it(convert
     assert again["attention_transfer"]["normalised_mse"]["phase1-focus"] == pytest.approx(stages["phase1-focus"], rel=1e-5)
 
 
+def test_phase2_frozen_layers_keep_their_phase1_mixers(tmp_path):
+    """`phase2.frozen_layers`: those layers' mixers leave phase 2 exactly as phase 1 made them,
+    while the other mixers go on training."""
+    out = tmp_path / "frozen"
+    convert(load_recipe("tiny", FAST + ["phase2.frozen_layers=[1]"]), out)
+    phase1 = load_file(list_checkpoints(out / "training" / "checkpoints" / "phase1")[-1] / "weights.safetensors")
+    exported = load_file(out / "model.safetensors")
+    frozen = [k for k in phase1 if k.startswith("model.layers.1.mixer.")]
+    trained = [k for k in phase1 if k.startswith("model.layers.0.mixer.")]
+    assert frozen and trained
+    assert all(torch.equal(exported[k], phase1[k]) for k in frozen)
+    assert any(not torch.equal(exported[k], phase1[k]) for k in trained)
+
+
+def test_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):
+    recipe = load_recipe("tiny", FAST + ["phase2.frozen_layers=[0, 7]"])
+    with pytest.raises(ValueError, match=r"`phase2.frozen_layers`: the model has layers 0-1, got \[7\]"):
+        convert(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_focus_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):
     recipe = load_recipe("tiny", FAST + ["phase1.focus_steps=2", "phase1.focus_layers=[5]"])
     with pytest.raises(ValueError, match=r"`phase1.focus_layers`: the model has layers 0-1, got \[5\]"):

@@ -60,6 +60,8 @@ def test_exponent_without_a_dot_is_a_number():
         ("harmonic.feature_map=softmax", r"`harmonic.feature_map` must be one of \['hedgehog', 'identity'\]"),
         ("eval.context_lengths=[1024, -5]", r"`eval.context_lengths` must be positive integers"),
         ("phase1.steps", r"--set expects key=value"),
+        ("phase2.frozen_layers=[-1]", r"`phase2.frozen_layers` must list layer indices >= 0"),
+        ("phase2.frozen_layers=3", r"`phase2.frozen_layers` must be a list"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
