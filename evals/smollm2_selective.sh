@@ -11,6 +11,9 @@
 #       --set phase2.kl_weight=1.0 --set phase2.steps=100
 #   the recipe now (phase 2: 125 steps, cross-entropy only; 61.8 min; its --sets are now the defaults):
 #     NAME=converted-ce125 bash evals/smollm2_selective.sh outputs/smollm2-ce125 evals/results/smollm2-135m-hallamonic-ce125
+#     (the recipe since adds phase2.frozen_layers [20..24], measured from that run's focus by
+#     evals/results/smollm2-135m-phase2-sweep/run.sh frozen-20-24; to rerun the ce125 recipe add
+#     --set 'phase2.frozen_layers=[]')
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170

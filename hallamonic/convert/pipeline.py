@@ -182,7 +182,8 @@ def convert(
     teacher.eval().requires_grad_(False)
     if recipe.phase1.focus_steps > 0:
         check_layers("phase1.focus_layers", recipe.phase1.focus_layers, len(teacher.model.layers))
-    check_layers("phase2.frozen_layers", recipe.phase2.frozen_layers, len(teacher.model.layers))
+    if recipe.phase2.frozen_layers:
+        check_layers("phase2.frozen_layers", recipe.phase2.frozen_layers, len(teacher.model.layers))
     teacher.to(accelerator.device)
     tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes, resume)
     longest = max(recipe.phase1.seq_len if recipe.phase1.steps else 0, recipe.phase2.seq_len if recipe.phase2.steps else 0)

@@ -112,7 +112,6 @@ def _to_chunks(x: torch.Tensor, chunks: int) -> torch.Tensor:
 def chunked_selective_scan(b, log_a, write, read, initial_state=None, chunk: int = CHUNK):
     """(y, final state) with matmuls inside chunks; differentiable by autograd."""
     batch, length, heads, channels = b.shape
-    state_size = write.shape[-1]
     chunks = -(-length // chunk)
     pad = chunks * chunk - length
     if pad:  # a = 1, b = 0, k = q = 0 past the end: the real steps' states and outputs are unchanged
