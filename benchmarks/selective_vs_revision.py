@@ -18,11 +18,11 @@ import importlib.util
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from hallamonic.bench.scan import _time_ms
 from hallamonic.modeling import hallamonic_selective_scan as current
 
 MODULE = "hallamonic/modeling/hallamonic_selective_scan.py"
@@ -48,15 +48,9 @@ def inputs(batch: int, length: int, heads=9, channels=64, state=64):
     return [t.requires_grad_() for t in (b, log_a, write, read)]
 
 
-def time_ms(fn, tensors, repeats: int) -> float:
-    times = []
-    for i in range(repeats + 2):  # two warm-up calls
-        began = time.perf_counter()
-        y, final = fn(*tensors)
-        (y.square().mean() + final.square().mean()).backward()
-        if i >= 2:
-            times.append(time.perf_counter() - began)
-    return 1000 * sorted(times)[len(times) // 2]
+def fwd_bwd(fn, tensors) -> None:
+    y, final = fn(*tensors)
+    (y.square().mean() + final.square().mean()).backward()
 
 
 def blocks_step_ms(count: int, repeats: int, scan) -> tuple[float, float]:
@@ -78,14 +72,9 @@ def blocks_step_ms(count: int, repeats: int, scan) -> tuple[float, float]:
             modeling.HallamonicPreTrainedModel._init_weights(types.SimpleNamespace(config=config), module)
     inputs_ = [torch.randn(4, 512, 576) for _ in blocks]  # (4, 512, hidden) each
     forward = lambda: sum(b(x)[0].float().pow(2).mean() for b, x in zip(blocks, inputs_))  # noqa: E731
-    times, saved = [], 0
-    for i in range(repeats + 1):
-        began = time.perf_counter()
-        loss, saved = saved_bytes(forward)
-        loss.backward()
-        if i:
-            times.append(time.perf_counter() - began)
-    return 1000 * sorted(times)[len(times) // 2], saved / 2**30
+    step = lambda: forward().backward()  # noqa: E731
+    _, saved = saved_bytes(step)  # the activations one step keeps for its backward
+    return _time_ms(step, torch.device("cpu"), repeats), saved / 2**30
 
 
 def main() -> None:
@@ -105,8 +94,8 @@ def main() -> None:
         y_old, _ = old.chunked_selective_scan(*tensors)
         y_new, _ = current.chunked_selective_scan(*tensors)
         diff = (y_old - y_new).abs().max().item()
-        ms_old = time_ms(old.chunked_selective_scan, tensors, args.repeats)
-        ms_new = time_ms(current.chunked_selective_scan, tensors, args.repeats)
+        ms_old = _time_ms(lambda: fwd_bwd(old.chunked_selective_scan, tensors), torch.device("cpu"), args.repeats)
+        ms_new = _time_ms(lambda: fwd_bwd(current.chunked_selective_scan, tensors), torch.device("cpu"), args.repeats)
         print(f"{shape:>15} {ms_old:12.1f} {ms_new:12.1f} {ms_old / ms_new:8.2f} {diff:10.1e}", flush=True)
     if args.blocks:
         print(f"\n{args.blocks} HarmonicBlocks (SmolLM2 shape, N = 64), each on 4 x 512, one backward: ms per step / saved GB")
