@@ -14,6 +14,10 @@
 #     (the recipe since adds phase2.frozen_layers [20..24], measured from that run's focus by
 #     evals/results/smollm2-135m-phase2-sweep/run.sh frozen-20-24; to rerun the ce125 recipe add
 #     --set 'phase2.frozen_layers=[]')
+#   the recipe with phase2.frozen_layers, fresh (53.2 min): NAME=converted-frozen bash evals/smollm2_selective.sh \
+#     outputs/smollm2-frozen evals/results/smollm2-135m-hallamonic-frozen --set phase1.teacher_dtype=float32 --set phase1.focus_pool=48
+#   the recipe now (bfloat16 teacher pass in phase 1 and the focus, focus pool 192; its --sets are now the defaults):
+#     NAME=converted-focus192 bash evals/smollm2_selective.sh outputs/smollm2-focus192 evals/results/smollm2-135m-hallamonic-focus192
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
@@ -30,8 +34,8 @@ mkdir -p "$RES"
 cp "$OUT/README.md" "$RES/MODEL_CARD.md"
 cp "$OUT"/training/{metrics.jsonl,report.json,recipe.yaml,loss.png} "$RES/"
 EV="hallamonic eval $OUT --threads 2 --no-progress --name ${NAME:-converted-selective}"
-$EV --task context --data ../shared/data/fineweb_edu_head_heldout.txt --context-lengths 1024,4096 --output-dir $RES/context
 $EV --task lambada --data ../shared/data/lambada_openai_dev1000.jsonl --limit 300 --output-dir $RES/lambada
+$EV --task context --data ../shared/data/fineweb_edu_head_heldout.txt --context-lengths 1024,4096 --output-dir $RES/context
 $EV --task passkey --context-lengths 1K,2K,4K --trials 10 --output-dir $RES/passkey
 # Past the teacher's 8K RoPE window: every 16K window of the held-out file (2), chunked forward.
 $EV --task context --data ../shared/data/fineweb_edu_head_heldout.txt --context-lengths 16384 --output-dir $RES/context-16k

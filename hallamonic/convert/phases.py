@@ -37,6 +37,7 @@ class MixerStack(nn.Module):
         mixer's activations instead of all of them (SmolLM2, 4 x 512 tokens: ~15 GB otherwise)."""
         losses = []
         for mixer, x, y in zip(self.mixers, inputs, targets):
+            x = x.to(mixer.v_proj.weight.dtype)  # a bfloat16 teacher pass (phase1.teacher_dtype) feeds float32 blocks
             if self.recompute:
                 prediction, _ = checkpoint(mixer, x, use_reentrant=False)  # (B, L, H)
             else:

@@ -74,6 +74,7 @@ class Phase1Section(PhaseSection):
     focus_steps: int = 0  # > 0: that many extra attention-transfer steps on focus_layers only ("phase1-focus")
     focus_lr: float = 1e-3  # their peak learning rate (warm-up 10% of focus_steps, then phase1.schedule)
     focus_pool: int = 48  # sequences of phase1.seq_len they cycle over, the teacher's I/O captured once each
+    teacher_dtype: str | None = None  # dtype of the teacher pass that feeds attention transfer (null = base.dtype)
 
 
 @dataclass
@@ -146,6 +147,8 @@ def _validate(recipe: Recipe) -> None:
             raise RecipeError(f"recipe key `phase1.focus_layers` must list layer indices >= 0 when `phase1.focus_steps` > 0, got {focus.focus_layers!r}")
         if focus.focus_pool <= 0 or not focus.focus_lr > 0:
             raise RecipeError("recipe keys `phase1.focus_pool` and `phase1.focus_lr` must be > 0 when `phase1.focus_steps` > 0")
+    if recipe.phase1.teacher_dtype not in (None, "float32", "bfloat16"):
+        raise RecipeError(f"recipe key `phase1.teacher_dtype` must be null, 'float32' or 'bfloat16', got {recipe.phase1.teacher_dtype!r}")
     frozen = recipe.phase2.frozen_layers
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in frozen):
         raise RecipeError(f"recipe key `phase2.frozen_layers` must list layer indices >= 0, got {frozen!r}")

@@ -101,3 +101,20 @@ def test_phase2_loss_weighs_cross_entropy_and_kl_to_the_teacher():
     torch.testing.assert_close(ce_only, ce)
     torch.testing.assert_close(kl_only, 2.0 * kl)
     torch.testing.assert_close(both, 3.0 * ce + 0.5 * kl)
+
+
+def test_a_bfloat16_teacher_pass_feeds_float32_blocks():
+    """`phase1.teacher_dtype: bfloat16`: the blocks stay float32 and take the bfloat16 capture; the
+    loss it gives is the float32 capture's to within bfloat16's rounding."""
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    stack = MixerStack([layer.mixer for layer in student.model.layers])
+    ids = torch.randint(0, 300, (2, 40))
+    reference = stack(*capture_attention_io(teacher, ids))
+    inputs, targets = capture_attention_io(teacher.to(torch.bfloat16), ids)
+    assert inputs[0].dtype == torch.bfloat16
+    loss = stack(inputs, targets)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=0.05, atol=0.0)
+    assert not torch.equal(loss, reference)

@@ -306,6 +306,31 @@ def test_phase2_frozen_layers_keep_their_phase1_mixers(tmp_path):
     assert any(not torch.equal(exported[k], phase1[k]) for k in trained)
 
 
+def test_phase1_teacher_dtype_trains_on_a_bfloat16_teacher_pass(converted, tmp_path, monkeypatch):
+    """`phase1.teacher_dtype: bfloat16`: phase 1 regresses a bfloat16 copy of the teacher (the
+    teacher itself, which the card and calibration use, stays float32), and its losses are the
+    float32 run's to within that rounding."""
+    reference, _ = converted
+    seen, original = [], pipeline.phase1_loss
+
+    def recording(teacher, **kwargs):
+        seen.append(next(teacher.parameters()).dtype)
+        return original(teacher, **kwargs)
+
+    monkeypatch.setattr(pipeline, "phase1_loss", recording)
+    out = tmp_path / "bf16"
+    convert(load_recipe("tiny", FAST + ["phase1.teacher_dtype=bfloat16"]), out)
+    assert seen == [torch.bfloat16]
+
+    def phase1_losses(folder):
+        rows = [json.loads(line) for line in (folder / "training" / "metrics.jsonl").read_text().splitlines()]
+        return [row["loss"] for row in rows if row.get("phase") == "phase1" and "loss" in row]
+
+    ours, theirs = phase1_losses(out), phase1_losses(reference)
+    assert ours and len(ours) == len(theirs)
+    assert ours == pytest.approx(theirs, rel=0.05) and ours != theirs
+
+
 def test_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):
     recipe = load_recipe("tiny", FAST + ["phase2.frozen_layers=[0, 7]"])
     with pytest.raises(ValueError, match=r"`phase2.frozen_layers`: the model has layers 0-1, got \[7\]"):

@@ -62,6 +62,7 @@ def test_exponent_without_a_dot_is_a_number():
         ("phase1.steps", r"--set expects key=value"),
         ("phase2.frozen_layers=[-1]", r"`phase2.frozen_layers` must list layer indices >= 0"),
         ("phase2.frozen_layers=3", r"`phase2.frozen_layers` must be a list"),
+        ("phase1.teacher_dtype=float16", r"`phase1.teacher_dtype` must be null, 'float32' or 'bfloat16'"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):

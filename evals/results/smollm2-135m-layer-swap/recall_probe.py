@@ -5,13 +5,13 @@ MSE only, and the identity map (plain linear attention over q.k) won. But the la
 mean MSE does not predict LAMBADA. This script builds FRESH blocks of each variant for LAYERS from
 the teacher's attention (the block's own init, `init_from_attention`, the pipeline's calibration),
 trains each on its layer's teacher attention I/O (phase 1's normalised MSE, AdamW, batch 4 x 512,
-48 training sequences captured once), puts them into the teacher (softmax attention everywhere else)
+48 training sequences (--train-seqs) captured once), puts them into the teacher (softmax attention everywhere else)
 and scores LAMBADA (first LIMIT passages of the shared dev file, lm-eval protocol).
 
 Variants: those of `../smollm2-135m-transfer-probe/probe.py` (identity/none, elu/den, hedgehog/den,
 identity/rms), with its block options after a third slash (e.g. identity/none/short_conv_size=4).
 
-Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300]
+Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300] [--train-seqs 48]
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). One line per
 variant goes to recall_probe.jsonl beside this file.
 """
@@ -61,13 +61,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=180)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--limit", type=int, default=300)
+    parser.add_argument("--train-seqs", type=int, default=TRAIN_SEQS, help="training sequences of 512 tokens, captured once")
     args = parser.parse_args()
     torch.set_num_threads(2)
     teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
     teacher.requires_grad_(False)
     layers = parse_layers(args.layers, len(teacher.model.layers))
     recipe, tokens, probe = conversion_data(tokenizer)
-    train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[:TRAIN_SEQS], layers)
+    train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[: args.train_seqs], layers)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
     attentions = {i: teacher.model.layers[i].self_attn for i in layers}
@@ -90,6 +91,7 @@ def main() -> None:
         for i in layers:
             teacher.model.layers[i].self_attn = attentions[i]
         row = {"layers": args.layers, "variant": variant, "steps": args.steps, "lr": args.lr,
+               **({"train_seqs": args.train_seqs} if args.train_seqs != TRAIN_SEQS else {}),
                "lambada": {k: result[k] for k in ("accuracy", "perplexity", "n")}, "mse": mse,
                "seconds": round(time.time() - start, 1)}
         print(json.dumps(row), flush=True)

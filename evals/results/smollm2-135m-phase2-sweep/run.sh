@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Phase-2 variants of the bundled smollm2-135m conversion, each started from the SAME end-of-phase-1
 # checkpoint (the bundled run's, outputs/smollm2-n64 from evals/smollm2_selective.sh; SRC= another run's
-# folder, whose phase1-focus checkpoint is restored too when it has one), so a row
+# folder, whose phase1-focus checkpoint is restored too when it has one, unless RESTORE_FOCUS=0), so a row
 # costs one phase 2 (~24 min on 2 cores) instead of a whole conversion, and rows differ only in phase 2.
 # Usage: bash evals/results/smollm2-135m-phase2-sweep/run.sh NAME [--set phase2.KEY=VALUE ...]
 # Writes outputs/p2-NAME (the converted model) and evals/results/smollm2-135m-phase2-sweep/NAME/.
@@ -19,7 +19,7 @@ if [ ! -f "$OUT/model.safetensors" ]; then
   mkdir -p "$OUT/training/checkpoints"
   cp "$SRC/training/tokens.npy" "$OUT/training/"
   [ -d "$OUT/training/checkpoints/phase1" ] || cp -r "$SRC/training/checkpoints/phase1" "$OUT/training/checkpoints/"
-  if [ -d "$SRC/training/checkpoints/phase1-focus" ] && [ ! -d "$OUT/training/checkpoints/phase1-focus" ]; then
+  if [ "${RESTORE_FOCUS:-1}" = 1 ] && [ -d "$SRC/training/checkpoints/phase1-focus" ] && [ ! -d "$OUT/training/checkpoints/phase1-focus" ]; then
     cp -r "$SRC/training/checkpoints/phase1-focus" "$OUT/training/checkpoints/"  # a run with the focus: restored too
   fi
   hallamonic convert smollm2-135m -o "$OUT" --resume --phases "$PHASES" \
