@@ -15,28 +15,24 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from hallamonic.convert.data import tokenize_stream
 from hallamonic.convert.phases import capture_attention_io
+from hallamonic.convert.recipe import DataSection
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 
 TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fineweb_train.jsonl"
 
 
 def batch_of_text(tokenizer, batch: int, seq_len: int) -> torch.Tensor:
-    """(batch, seq_len) tokens of the first FineWeb documents, packed."""
-    ids: list[int] = []
-    with open(TEXT) as f:
-        for line in f:
-            ids += tokenizer(json.loads(line)["text"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-            if len(ids) >= batch * seq_len:
-                break
-    return torch.tensor(ids[: batch * seq_len]).view(batch, seq_len)
+    """(batch, seq_len) tokens of the first FineWeb training documents, read and packed as a conversion does."""
+    tokens = tokenize_stream(tokenizer, DataSection(path=str(TEXT)), seed=0, max_tokens=batch * seq_len)
+    return torch.from_numpy(tokens.astype("int64")).view(batch, seq_len)
 
 
 def normalised_mse(a: torch.Tensor, reference: torch.Tensor) -> float:

@@ -227,7 +227,8 @@ def convert(
 
     phase1_done = False
     focus = recipe.phase1.focus_steps > 0
-    transfer_teacher = _transfer_teacher(teacher, recipe.phase1.teacher_dtype) if "phase1" in phases else teacher
+    transfers = "phase1" in phases and (recipe.phase1.steps > 0 or focus)  # phase 1 or its focus will run
+    transfer_teacher = _transfer_teacher(teacher, recipe.phase1.teacher_dtype) if transfers else teacher
     if "phase1" in phases and recipe.phase1.steps > 0:
         results.append(run_phase1(recipe, student, transfer_teacher, tokens, accelerator, out, log, resume))
         phase1_done = True
@@ -267,7 +268,7 @@ def convert(
 def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:
     """The teacher whose attention I/O phase 1 and the focus regress: ``teacher`` itself, or a copy
     in ``phase1.teacher_dtype``. Why: on a CPU with bfloat16 instructions its pass is ~3x faster
-    (SmolLM2, 4 x 512 tokens: 1.3 s vs 4.2 s, a third of a phase-1 step), and the attention outputs
+    (SmolLM2, 4 x 512 tokens: ~1.3 s vs ~4.3 s, a third of a phase-1 step), and the attention outputs
     it gives differ from float32's by a normalised MSE of ~5e-4, far below what the blocks reach
     (~0.15): ``benchmarks/teacher_dtype.py``."""
     if dtype is None or DTYPES[dtype] == next(teacher.parameters()).dtype:
