@@ -11,10 +11,13 @@ transfer error of 140 steps on 287K fresh tokens; in a full conversion a step wa
 (10.5 vs 12.4 s) and 140 pooled steps ended slightly worse (0.175 vs 0.157), so it is off by default.
 
 Phase 2 (end-to-end): the student runs alone on next-token prediction, optionally pulled toward
-the teacher's distribution (KL) where the teacher is inside its positional window.
+the teacher's distribution (KL) and its residual stream after every layer (hidden alignment)
+where the teacher is inside its positional window.
 """
 
 from __future__ import annotations
+
+import typing
 
 import torch
 import torch.nn.functional as F
@@ -125,27 +128,91 @@ def phase1_loss(teacher: nn.Module, pool: bool = False, layers: list[int] | None
     return loss_fn
 
 
+class LayerOutputs:
+    """Forward hooks that keep every decoder layer's output (the residual stream after the layer),
+    as a context manager: ``with LayerOutputs(model.model.layers) as states: model(...)``, then
+    ``states.tensors()`` is one (B, L, H) tensor per layer (a chunked forward's pieces joined)."""
+
+    def __init__(self, layers: typing.Iterable[nn.Module]):
+        self.layers = list(layers)
+        self.pieces: list[list[torch.Tensor]] = [[] for _ in self.layers]
+        self.handles: list = []
+
+    def __enter__(self) -> "LayerOutputs":
+        for index, layer in enumerate(self.layers):
+
+            def hook(module, args, output, index=index):
+                self.pieces[index].append(output[0] if isinstance(output, tuple) else output)
+
+            self.handles.append(layer.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [parts[0] if len(parts) == 1 else torch.cat(parts, dim=1) for parts in self.pieces]
+
+
+def hidden_alignment(student_states: list[torch.Tensor], teacher_states: list[torch.Tensor]) -> torch.Tensor:
+    """Mean over layers and tokens of ||h_student - h_teacher||^2 / ||h_teacher||^2 per token.
+
+    Per token, not over the whole tensor: a Llama's residual stream carries a few tokens (the first
+    one above all) with norms ~100x the rest, which would otherwise be the whole objective."""
+    errors = []
+    for s, t in zip(student_states, teacher_states, strict=True):
+        s, t = s.float(), t.float()  # (B, n, H)
+        errors.append(((s - t).pow(2).sum(-1) / t.pow(2).sum(-1).clamp_min(1e-6)).mean())
+    return torch.stack(errors).mean()
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a causal LM, through a peft wrapper if there is one."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return list(base.model.layers)
+
+
 def phase2_loss(
-    teacher: nn.Module | None, kl_weight: float, teacher_window: int | None, chunk_size: int = 0, ce_weight: float = 1.0
+    teacher: nn.Module | None,
+    kl_weight: float,
+    teacher_window: int | None,
+    chunk_size: int = 0,
+    ce_weight: float = 1.0,
+    hidden_weight: float = 0.0,
 ):
-    """Loss function of phase 2: ce_weight * next-token cross-entropy + kl_weight * KL(teacher || student)
-    over the positions the teacher can see within its window. ce_weight 0 distils only: the student
-    learns the teacher's whole next-token distribution, not the one observed token."""
+    """Loss function of phase 2: ce_weight * next-token cross-entropy + kl_weight * KL(teacher ||
+    student) + hidden_weight * :func:`hidden_alignment` to the teacher's residual stream after every
+    layer, the last two over the positions the teacher can see within its window. ce_weight 0
+    distils only: the student learns the teacher's whole next-token distribution, not the one
+    observed token. The hidden term keeps every layer's output near the teacher's, so the layers
+    the attention transfer fitted keep receiving the inputs they were fitted on, while the cross-
+    entropy lowers the average-token loss (which alone trades recall away on SmolLM2)."""
 
     def loss_fn(student: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         labels = batch if ce_weight > 0 else None  # pure distillation skips the cross-entropy pass
-        out = student(input_ids=batch, labels=labels, use_cache=False, chunk_size=chunk_size or None)
+        with LayerOutputs(_decoder_layers(student) if hidden_weight > 0 else []) as student_states:
+            out = student(input_ids=batch, labels=labels, use_cache=False, chunk_size=chunk_size or None)
         loss = ce_weight * out.loss if labels is not None else out.logits.new_zeros(())
-        if kl_weight > 0 and teacher is not None:
-            n = min(batch.shape[1], teacher_window or batch.shape[1])
-            with torch.no_grad():
+        if teacher is None or (kl_weight <= 0 and hidden_weight <= 0):
+            return loss
+        n = min(batch.shape[1], teacher_window or batch.shape[1])
+        with torch.no_grad(), LayerOutputs(_decoder_layers(teacher) if hidden_weight > 0 else []) as teacher_states:
+            if kl_weight > 0:
                 teacher_logp = teacher(input_ids=batch[:, :n], use_cache=False).logits.float().log_softmax(-1)
+            else:  # the hidden term alone needs no LM head
+                teacher.model(input_ids=batch[:, :n], use_cache=False)
+        if kl_weight > 0:
             student_logp = out.logits[:, :n].float().log_softmax(-1)
             vocab = student_logp.shape[-1]
             kl = F.kl_div(
                 student_logp.reshape(-1, vocab), teacher_logp.reshape(-1, vocab), log_target=True, reduction="batchmean"
             )
             loss = loss + kl_weight * kl
+        if hidden_weight > 0:
+            ours = [h[:, :n] for h in student_states.tensors()]  # (B, n, H) per layer
+            loss = loss + hidden_weight * hidden_alignment(ours, teacher_states.tensors())
         return loss
 
     return loss_fn

@@ -14,6 +14,7 @@ Layout of an output folder (it is itself a loadable Hugging Face checkpoint):
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import platform
@@ -228,7 +229,8 @@ def convert(
     phase1_done = False
     focus = recipe.phase1.focus_steps > 0
     transfers = "phase1" in phases and (recipe.phase1.steps > 0 or focus)  # phase 1 or its focus will run
-    transfer_teacher = _transfer_teacher(teacher, recipe.phase1.teacher_dtype) if transfers else teacher
+    teacher_in = functools.cache(lambda dtype: _transfer_teacher(teacher, dtype))  # one copy per dtype, shared by the phases
+    transfer_teacher = teacher_in(recipe.phase1.teacher_dtype) if transfers else teacher
     if "phase1" in phases and recipe.phase1.steps > 0:
         results.append(run_phase1(recipe, student, transfer_teacher, tokens, accelerator, out, log, resume))
         phase1_done = True
@@ -243,7 +245,9 @@ def convert(
         measure_transfer("phase1-focus")
 
     if "phase2" in phases and recipe.phase2.steps > 0:
-        results.append(run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume))
+        distils = recipe.phase2.kl_weight > 0 or recipe.phase2.hidden_weight > 0
+        phase2_teacher = teacher_in(recipe.phase2.teacher_dtype) if distils else teacher
+        results.append(run_phase2(recipe, student, phase2_teacher, tokens, accelerator, out, log, resume))
 
     report = {
         "recipe": recipe.name,
@@ -266,8 +270,8 @@ def convert(
 
 
 def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:
-    """The teacher whose attention I/O phase 1 and the focus regress: ``teacher`` itself, or a copy
-    in ``phase1.teacher_dtype``. Why: on a CPU with bfloat16 instructions its pass is ~3x faster
+    """The teacher whose attention I/O phase 1 and the focus regress (or whose logits and hidden
+    states phase 2 distils): ``teacher`` itself, or a copy in ``phaseN.teacher_dtype``. Why: on a CPU with bfloat16 instructions its pass is ~3x faster
     (SmolLM2, 4 x 512 tokens: ~1.3 s vs ~4.3 s, a third of a phase-1 step), and the attention outputs
     it gives differ from float32's by a normalised MSE of ~5e-4, far below what the blocks reach
     (~0.15): ``benchmarks/teacher_dtype.py``."""
@@ -324,7 +328,7 @@ def run_phase1_focus(recipe, student, teacher, tokens, accelerator, out, log, re
 
 
 def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
-    """Phase 2: the whole student end to end (next-token + KL to the teacher), MLPs and
+    """Phase 2: the whole student end to end (next-token + KL and hidden alignment to the teacher), MLPs and
     embeddings frozen unless LoRA adapters are asked for (merged back afterwards), and the mixers
     of ``phase2.frozen_layers`` too: on SmolLM2, end-to-end training of the recall layers' blocks
     lowers LAMBADA accuracy that the attention transfer had built
@@ -349,7 +353,9 @@ def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) 
     window = getattr(teacher.config, "max_position_embeddings", None)
     result = run_phase(
         name="phase2", accelerator=accelerator, module=model, trainable=trainable,
-        loss_fn=phase2_loss(teacher, section.kl_weight, window, section.chunk_size, section.ce_weight),
+        loss_fn=phase2_loss(
+            teacher, section.kl_weight, window, section.chunk_size, section.ce_weight, hidden_weight=section.hidden_weight
+        ),
         batches=PackedBatches(tokens, section.seq_len, seed=recipe.seed + 1),
         section=section, train=recipe.train, checkpointing=recipe.checkpoint,
         checkpoint_root=_phase_checkpoints(out, "phase2"), log=log, resume=resume,

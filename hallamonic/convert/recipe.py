@@ -87,6 +87,8 @@ class Phase2Section(PhaseSection):
     gradient_checkpointing: bool = False
     chunk_size: int = 0  # > 0: forward in chunks of this many tokens (carried states)
     frozen_layers: list = field(default_factory=list)  # layers whose mixers phase 2 leaves as phase 1 made them
+    hidden_weight: float = 0.0  # weight of the per-token normalised MSE to the teacher's residual stream after every layer
+    teacher_dtype: str | None = None  # dtype of the teacher pass behind kl_weight / hidden_weight (null = base.dtype)
 
 
 @dataclass
@@ -125,7 +127,7 @@ POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.bat
 NON_NEGATIVE = {
     "phase1.focus_steps",
     "phase1.steps", "phase2.steps", "phase1.warmup_steps", "phase2.warmup_steps", "checkpoint.every",
-    "phase2.kl_weight", "phase2.ce_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
+    "phase2.kl_weight", "phase2.ce_weight", "phase2.hidden_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
     "harmonic.short_conv_size",
 }
 
@@ -147,16 +149,18 @@ def _validate(recipe: Recipe) -> None:
             raise RecipeError(f"recipe key `phase1.focus_layers` must list layer indices >= 0 when `phase1.focus_steps` > 0, got {focus.focus_layers!r}")
         if focus.focus_pool <= 0 or not focus.focus_lr > 0:
             raise RecipeError("recipe keys `phase1.focus_pool` and `phase1.focus_lr` must be > 0 when `phase1.focus_steps` > 0")
-    if recipe.phase1.teacher_dtype not in (None, "float32", "bfloat16"):
-        raise RecipeError(f"recipe key `phase1.teacher_dtype` must be null, 'float32' or 'bfloat16', got {recipe.phase1.teacher_dtype!r}")
+    for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
+        if flat[key] not in (None, "float32", "bfloat16"):
+            raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")
     frozen = recipe.phase2.frozen_layers
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in frozen):
         raise RecipeError(f"recipe key `phase2.frozen_layers` must list layer indices >= 0, got {frozen!r}")
     for key in ("phase1.lr", "phase2.lr"):
         if not flat[key] > 0:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {flat[key]!r}")
-    if recipe.phase2.steps > 0 and recipe.phase2.ce_weight == 0 and recipe.phase2.kl_weight == 0:
-        raise RecipeError("phase 2 has nothing to learn from: set `phase2.ce_weight` or `phase2.kl_weight` above 0 (or phase2.steps=0)")
+    p2 = recipe.phase2
+    if p2.steps > 0 and p2.ce_weight == 0 and p2.kl_weight == 0 and p2.hidden_weight == 0:
+        raise RecipeError("phase 2 has nothing to learn from: set `phase2.ce_weight`, `phase2.kl_weight` or `phase2.hidden_weight` above 0 (or phase2.steps=0)")
     if not 0.0 <= recipe.data.heldout_fraction < 1.0:
         raise RecipeError(f"recipe key `data.heldout_fraction` must be in [0, 1), got {recipe.data.heldout_fraction!r}")
     state_size = recipe.harmonic.state_size

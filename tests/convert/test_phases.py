@@ -1,5 +1,5 @@
 """Phase objectives: the teacher pool reuses the teacher's attention I/O exactly; phase 2 weighs
-cross-entropy and KL as the recipe says."""
+cross-entropy, KL and hidden-state alignment as the recipe says."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 
 import hallamonic.convert.phases as phases
-from hallamonic.convert.phases import MixerStack, TeacherPool, capture_attention_io, phase1_loss, phase2_loss
+from hallamonic.convert.phases import (
+    LayerOutputs,
+    MixerStack,
+    TeacherPool,
+    capture_attention_io,
+    hidden_alignment,
+    phase1_loss,
+    phase2_loss,
+)
 from hallamonic.convert.pipeline import convert
 from hallamonic.convert.recipe import HarmonicSection, load_recipe
 from hallamonic.convert.surgery import build_student
@@ -101,6 +109,65 @@ def test_phase2_loss_weighs_cross_entropy_and_kl_to_the_teacher():
     torch.testing.assert_close(ce_only, ce)
     torch.testing.assert_close(kl_only, 2.0 * kl)
     torch.testing.assert_close(both, 3.0 * ce + 0.5 * kl)
+
+
+def test_hidden_alignment_is_normalised_per_token():
+    """A 10% error on every token scores 0.01 whatever the tokens' norms: a token 1000x larger than
+    the rest (a Llama's first token) weighs no more than any other."""
+    torch.manual_seed(0)
+    teacher = torch.randn(2, 8, 16)
+    teacher[:, 0] *= 1000.0
+    direction = torch.randn(2, 8, 16)
+    direction = direction / direction.norm(dim=-1, keepdim=True) * teacher.norm(dim=-1, keepdim=True)
+    student = teacher + 0.1 * direction  # per token, ||error|| = 0.1 ||teacher||
+    torch.testing.assert_close(hidden_alignment([student, teacher], [teacher, teacher]), torch.tensor(0.005))
+    student[:, 3] = teacher[:, 3]  # one exact token out of 8: the mean drops by 1/8 of 0.01
+    torch.testing.assert_close(hidden_alignment([student], [teacher]), torch.tensor(0.01 * 7 / 8))
+
+
+def test_layer_outputs_are_the_decoder_layers_residual_stream():
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    ids = torch.randint(0, 300, (2, 24))
+    for model in (teacher, student):
+        model(input_ids=ids[:, :2], output_hidden_states=True)  # transformers installs its own capture hooks once
+        hooks_before = len(model.model.layers[0]._forward_hooks)
+        with torch.no_grad(), LayerOutputs(model.model.layers) as states:
+            reference = model(input_ids=ids, output_hidden_states=True).hidden_states  # embeddings, layers...
+        got = states.tensors()
+        assert len(got) == len(model.model.layers)
+        torch.testing.assert_close(got[0], reference[1])  # the first layer's output, before any final norm
+        assert len(model.model.layers[0]._forward_hooks) == hooks_before  # ours are gone afterwards
+    with torch.no_grad(), LayerOutputs(student.model.layers) as chunked:
+        student(input_ids=ids, chunk_size=10)  # pieces of 10 + 10 + 4 tokens, joined
+    with torch.no_grad(), LayerOutputs(student.model.layers) as whole:
+        student(input_ids=ids)
+    for a, b in zip(chunked.tensors(), whole.tensors()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_phase2_loss_adds_the_hidden_alignment_inside_the_teachers_window():
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    batch = torch.randint(0, 300, (2, 24))
+    window = 16
+    with torch.no_grad():
+        ours = student(input_ids=batch, output_hidden_states=True).hidden_states[1:-1]  # layers but the last
+        theirs = teacher(input_ids=batch[:, :window], output_hidden_states=True).hidden_states[1:-1]
+        ce_only = phase2_loss(teacher, kl_weight=0.0, teacher_window=window)(student, batch)
+        with LayerOutputs([student.model.layers[-1]]) as s_last, LayerOutputs([teacher.model.layers[-1]]) as t_last:
+            both = phase2_loss(teacher, kl_weight=0.0, teacher_window=window, hidden_weight=3.0)(student, batch)
+    ours = [h[:, :window] for h in ours] + [s_last.tensors()[0][:, :window]]
+    theirs = list(theirs) + t_last.tensors()
+    expected = hidden_alignment(ours, theirs)
+    assert expected > 1e-3
+    torch.testing.assert_close(both, ce_only + 3.0 * expected)
+    # the term trains the mixers: its gradient reaches them with cross-entropy switched off
+    loss = phase2_loss(teacher, kl_weight=0.0, teacher_window=window, ce_weight=0.0, hidden_weight=1.0)(student, batch)
+    loss.backward()
+    assert student.model.layers[0].mixer.v_proj.weight.grad.abs().sum() > 0
 
 
 def test_a_bfloat16_teacher_pass_feeds_float32_blocks():

@@ -331,6 +331,36 @@ def test_phase1_teacher_dtype_trains_on_a_bfloat16_teacher_pass(converted, tmp_p
     assert ours == pytest.approx(theirs, rel=0.05) and ours != theirs
 
 
+def test_phase2_hidden_alignment_distils_from_one_shared_bfloat16_teacher_copy(converted, tmp_path, monkeypatch):
+    """`phase2.hidden_weight` with `phase2.teacher_dtype: bfloat16`: phase 2 gets the bfloat16 copy of
+    the teacher phase 1 already made (one copy, not two), and the term shows in its losses."""
+    reference, _ = converted
+    seen, originals = {}, (pipeline.phase1_loss, pipeline.phase2_loss)
+
+    def recording(name, original):
+        def wrapped(teacher, *args, **kwargs):
+            seen[name] = teacher
+            return original(teacher, *args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(pipeline, "phase1_loss", recording("phase1", originals[0]))
+    monkeypatch.setattr(pipeline, "phase2_loss", recording("phase2", originals[1]))
+    out = tmp_path / "hidden"
+    bf16 = ["phase1.teacher_dtype=bfloat16", "phase2.teacher_dtype=bfloat16", "phase2.hidden_weight=5.0"]
+    convert(load_recipe("tiny", FAST + bf16), out)
+    assert next(seen["phase2"].parameters()).dtype == torch.bfloat16
+    assert seen["phase2"] is seen["phase1"]
+
+    def phase2_losses(folder):
+        rows = [json.loads(line) for line in (folder / "training" / "metrics.jsonl").read_text().splitlines()]
+        return [row["loss"] for row in rows if row.get("phase") == "phase2" and "loss" in row]
+
+    ours, theirs = phase2_losses(out), phase2_losses(reference)
+    assert len(ours) == len(theirs) == 3
+    assert all(a > b for a, b in zip(ours, theirs))  # cross-entropy plus a positive alignment term
+
+
 def test_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):
     recipe = load_recipe("tiny", FAST + ["phase2.frozen_layers=[0, 7]"])
     with pytest.raises(ValueError, match=r"`phase2.frozen_layers`: the model has layers 0-1, got \[7\]"):

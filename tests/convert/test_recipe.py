@@ -63,6 +63,8 @@ def test_exponent_without_a_dot_is_a_number():
         ("phase2.frozen_layers=[-1]", r"`phase2.frozen_layers` must list layer indices >= 0"),
         ("phase2.frozen_layers=3", r"`phase2.frozen_layers` must be a list"),
         ("phase1.teacher_dtype=float16", r"`phase1.teacher_dtype` must be null, 'float32' or 'bfloat16'"),
+        ("phase2.teacher_dtype=half", r"`phase2.teacher_dtype` must be null, 'float32' or 'bfloat16'"),
+        ("phase2.hidden_weight=-0.5", r"`phase2.hidden_weight` must be >= 0"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
@@ -87,6 +89,7 @@ def test_phase2_needs_a_loss_term():
     with pytest.raises(RecipeError, match="phase 2 has nothing to learn from"):
         load_recipe("tiny", ["phase2.ce_weight=0", "phase2.kl_weight=0"])
     assert load_recipe("tiny", ["phase2.ce_weight=0", "phase2.kl_weight=0", "phase2.steps=0"]).phase2.steps == 0
+    assert load_recipe("tiny", ["phase2.ce_weight=0", "phase2.kl_weight=0", "phase2.hidden_weight=1"]).phase2.hidden_weight == 1
 
 
 def test_unknown_key_in_a_file_is_rejected(tmp_path):
