@@ -11,7 +11,10 @@ and scores LAMBADA (first LIMIT passages of the shared dev file, lm-eval protoco
 Variants: those of `../smollm2-135m-transfer-probe/probe.py` (identity/none, elu/den, hedgehog/den,
 identity/rms), with its block options after a third slash (e.g. identity/none/short_conv_size=4).
 
-Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300] [--train-seqs 48]
+With --into CONVERTED_DIR each variant is also scored in that whole converted model: its own blocks
+everywhere but LAYERS, the fresh ones there (the teacher with every layer swapped, as swap.py's "all").
+
+Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300] [--train-seqs 48] [--into DIR]
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). One line per
 variant goes to recall_probe.jsonl beside this file.
 """
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--train-seqs", type=int, default=TRAIN_SEQS, help="training sequences of 512 tokens, captured once")
+    parser.add_argument("--into", help="a converted model folder: also score it with the fresh blocks in LAYERS")
     args = parser.parse_args()
     torch.set_num_threads(2)
     teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
@@ -71,7 +75,8 @@ def main() -> None:
     train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[: args.train_seqs], layers)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
-    attentions = {i: teacher.model.layers[i].self_attn for i in layers}
+    attentions = {i: layer.self_attn for i, layer in enumerate(teacher.model.layers)}
+    converted = load_causal_lm(args.into)[0] if args.into else None
     for variant in args.variants:
         start = time.time()
         feature, normalise, harmonic, options = parse_variant(variant, recipe.harmonic)
@@ -88,11 +93,19 @@ def main() -> None:
             teacher.model.layers[i].self_attn = BlockAsAttention(blocks[i])
         with torch.no_grad():
             result = evaluate_lambada(teacher, tokenizer, texts, progress=False)
-        for i in layers:
-            teacher.model.layers[i].self_attn = attentions[i]
+        whole = None
+        if converted is not None:  # every other layer: the converted model's own block
+            for i, layer in enumerate(teacher.model.layers):
+                if i not in layers:
+                    layer.self_attn = BlockAsAttention(converted.model.layers[i].mixer)
+            with torch.no_grad():
+                whole = evaluate_lambada(teacher, tokenizer, texts, progress=False)
+        for i, layer in enumerate(teacher.model.layers):
+            layer.self_attn = attentions[i]
         row = {"layers": args.layers, "variant": variant, "steps": args.steps, "lr": args.lr,
                **({"train_seqs": args.train_seqs} if args.train_seqs != TRAIN_SEQS else {}),
                "lambada": {k: result[k] for k in ("accuracy", "perplexity", "n")}, "mse": mse,
+               **({"into": args.into, "lambada_whole": {k: whole[k] for k in ("accuracy", "perplexity", "n")}} if whole else {}),
                "seconds": round(time.time() - start, 1)}
         print(json.dumps(row), flush=True)
         with open(HERE / "recall_probe.jsonl", "a") as f:
