@@ -271,7 +271,8 @@ def convert(
 
 def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:
     """The teacher whose attention I/O phase 1 and the focus regress (or whose logits and hidden
-    states phase 2 distils): ``teacher`` itself, or a copy in ``phaseN.teacher_dtype``. Why: on a CPU with bfloat16 instructions its pass is ~3x faster
+    states phase 2 distils): ``teacher`` itself, or a copy in ``phaseN.teacher_dtype``. Why: on a
+    CPU with bfloat16 instructions its pass is ~3x faster
     (SmolLM2, 4 x 512 tokens: ~1.3 s vs ~4.3 s, a third of a phase-1 step), and the attention outputs
     it gives differ from float32's by a normalised MSE of ~5e-4, far below what the blocks reach
     (~0.15): ``benchmarks/teacher_dtype.py``."""
@@ -354,7 +355,8 @@ def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) 
     result = run_phase(
         name="phase2", accelerator=accelerator, module=model, trainable=trainable,
         loss_fn=phase2_loss(
-            teacher, section.kl_weight, window, section.chunk_size, section.ce_weight, hidden_weight=section.hidden_weight
+            teacher, kl_weight=section.kl_weight, teacher_window=window, chunk_size=section.chunk_size,
+            ce_weight=section.ce_weight, hidden_weight=section.hidden_weight,
         ),
         batches=PackedBatches(tokens, section.seq_len, seed=recipe.seed + 1),
         section=section, train=recipe.train, checkpointing=recipe.checkpoint,
@@ -534,7 +536,8 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
     lines += [
         "",
         "Phase 1 loss is the per-layer MSE to the teacher's attention output divided by its mean square; "
-        "phase 2 loss is `phase2.ce_weight` x next-token cross-entropy plus `phase2.kl_weight` x KL(teacher || student), in nats.",
+        "phase 2 loss is `phase2.ce_weight` x next-token cross-entropy plus `phase2.kl_weight` x KL(teacher || student), in nats, "
+        "plus `phase2.hidden_weight` x the per-token normalised distance of every layer's output to the teacher's.",
         "",
     ]
     return "\n".join(lines)
@@ -556,7 +559,7 @@ def _plot_losses(metrics: Path, png: Path) -> None:
     if not series:
         return
     fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.5), squeeze=False)
-    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase1-focus": "normalised MSE, focus layers", "phase2": "ce_weight x CE + kl_weight x KL (nats)"}
+    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase1-focus": "normalised MSE, focus layers", "phase2": "ce_weight x CE + kl_weight x KL + hidden_weight x distance"}
     for ax, (phase, points) in zip(axes[0], sorted(series.items())):
         steps = sorted(points)
         ax.plot(steps, [points[s] for s in steps], marker=".")
