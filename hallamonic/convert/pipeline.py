@@ -272,10 +272,9 @@ def convert(
 def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:
     """The teacher whose attention I/O phase 1 and the focus regress (or whose logits and hidden
     states phase 2 distils): ``teacher`` itself, or a copy in ``phaseN.teacher_dtype``. Why: on a
-    CPU with bfloat16 instructions its pass is ~3x faster
-    (SmolLM2, 4 x 512 tokens: ~1.3 s vs ~4.3 s, a third of a phase-1 step), and the attention outputs
-    it gives differ from float32's by a normalised MSE of ~5e-4, far below what the blocks reach
-    (~0.15): ``benchmarks/teacher_dtype.py``."""
+    CPU with bfloat16 instructions its pass is ~3x faster (SmolLM2, 4 x 512 tokens: ~1.3 s vs
+    ~4.3 s, a third of a phase-1 step), and the attention outputs it gives differ from float32's by
+    a normalised MSE of ~5e-4, far below what the blocks reach (~0.15): ``benchmarks/teacher_dtype.py``."""
     if dtype is None or DTYPES[dtype] == next(teacher.parameters()).dtype:
         return teacher
     return copy.deepcopy(teacher).to(DTYPES[dtype])

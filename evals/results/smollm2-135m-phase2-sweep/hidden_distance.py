@@ -22,6 +22,8 @@ from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 sys.path.insert(0, str(Path(__file__).parent.parent / "smollm2-135m-layer-swap"))
 from phase_states import load_phase  # noqa: E402
 
+STATES = {"": [], "phase1": ["phase1"], "phase1-focus": ["phase1", "phase1-focus"]}  # checkpoints restored per @phase
+
 
 @torch.no_grad()
 def layer_outputs(model, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -33,15 +35,21 @@ def layer_outputs(model, ids: torch.Tensor) -> list[torch.Tensor]:
 def main() -> None:
     torch.set_num_threads(2)
     teacher, _ = load_causal_lm(str(smollm2_gguf_path()))
+    teacher_states: dict[bytes, list[torch.Tensor]] = {}  # one teacher pass per distinct token window
     for spec in sys.argv[1:]:
         folder, _, phase = spec.partition("@")
         tokens = np.load(Path(folder) / "training" / "tokens.npy")
         ids = torch.from_numpy(tokens[-1024:].astype(np.int64))[None]  # (1, 1024)
         student, _ = load_causal_lm(folder)
         checkpoints = Path(folder) / "training" / "checkpoints"
-        for earlier in {"": [], "phase1": ["phase1"], "phase1-focus": ["phase1", "phase1-focus"]}[phase]:
+        if phase not in STATES:
+            raise SystemExit(f"{spec}: the phase after @ must be one of {sorted(k for k in STATES if k)}")
+        for earlier in STATES[phase]:
             load_phase(student, checkpoints, earlier)
-        per_layer = [hidden_alignment([s], [t]).item() for s, t in zip(layer_outputs(student, ids), layer_outputs(teacher, ids))]
+        key = ids.numpy().tobytes()
+        if key not in teacher_states:
+            teacher_states[key] = layer_outputs(teacher, ids)
+        per_layer = [hidden_alignment([s], [t]).item() for s, t in zip(layer_outputs(student, ids), teacher_states[key])]
         print(f"{spec}: mean {np.mean(per_layer):.3f}; per layer " + " ".join(f"{d:.3f}" for d in per_layer))
 
 
