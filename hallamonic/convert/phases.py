@@ -17,6 +17,7 @@ where the teacher is inside its positional window.
 
 from __future__ import annotations
 
+import contextlib
 import typing
 
 import torch
@@ -74,16 +75,49 @@ def capture_attention_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[l
 
 
 @torch.no_grad()
-def attention_transfer_errors(student: nn.Module, teacher: nn.Module, input_ids: torch.Tensor) -> list[float]:
-    """Per layer, the block's MSE to the teacher's attention output divided by that output's mean
-    square (phase 1's loss, measured): 1.0 is no better than predicting zeros."""
+def attention_transfer_errors(
+    student: nn.Module, teacher: nn.Module, input_ids: torch.Tensor, layers: typing.Sequence[int] | None = None
+) -> list[float]:
+    """Per layer (every one, or ``layers``), the block's MSE to the teacher's attention output
+    divided by that output's mean square (phase 1's loss, measured): 1.0 is no better than zeros."""
     inputs, targets = capture_attention_io(teacher, input_ids)
     errors = []
-    for layer, x, y in zip(student.model.layers, inputs, targets):
-        prediction, _ = layer.mixer(x.to(layer.mixer.v_proj.weight.dtype))
-        y = y.float()
+    for index in range(len(inputs)) if layers is None else layers:
+        mixer, y = student.model.layers[index].mixer, targets[index].float()
+        prediction, _ = mixer(inputs[index].to(mixer.v_proj.weight.dtype))
         errors.append(((prediction.float() - y).pow(2).mean() / y.pow(2).mean().clamp_min(1e-12)).item())
     return errors
+
+
+class BlockAsAttention(nn.Module):
+    """A student's HarmonicBlock behind the teacher attention's call signature (output, no
+    attention weights), so the teacher can run with blocks in some of its layers. The block starts
+    each sequence from a zero state, as the converted model does, and runs in its own dtype inside
+    a teacher of another (a bfloat16 teacher pass around float32 blocks)."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
+        y, _ = self.block(hidden_states.to(self.block.v_proj.weight.dtype))  # (B, L, H)
+        return y.to(hidden_states.dtype), None
+
+
+@contextlib.contextmanager
+def blocks_in(teacher: nn.Module, student: nn.Module, layers: typing.Iterable[int]):
+    """Within the block: ``teacher`` with its attention in ``layers`` replaced by the student's
+    blocks, restored on exit. The student's norms, MLPs and embeddings are the teacher's own
+    (frozen, no LoRA), so with every layer swapped this is the converted model, and with all but a
+    few it is the converted model with the teacher's attention restored there."""
+    attentions = {i: teacher.model.layers[i].self_attn for i in layers}
+    try:
+        for i in attentions:
+            teacher.model.layers[i].self_attn = BlockAsAttention(student.model.layers[i].mixer)
+        yield teacher
+    finally:
+        for i, attention in attentions.items():
+            teacher.model.layers[i].self_attn = attention
 
 
 class TeacherPool:

@@ -89,6 +89,10 @@ class Phase2Section(PhaseSection):
     frozen_layers: list = field(default_factory=list)  # layers whose mixers phase 2 leaves as phase 1 made them
     hidden_weight: float = 0.0  # weight of the per-token normalised MSE to the teacher's residual stream after every layer
     teacher_dtype: str | None = None  # dtype of the teacher pass behind kl_weight / hidden_weight (null = base.dtype)
+    refit_layers: list = field(default_factory=list)  # layers whose blocks get refit_steps of attention transfer after phase 2
+    refit_steps: int = 0  # > 0: that many steps on refit_layers, on the converted model's own inputs ("phase2-refit")
+    refit_lr: float = 1e-3  # their peak learning rate (warm-up 10% of refit_steps, then phase1.schedule)
+    refit_pool: int = 192  # sequences of phase1.seq_len they cycle over, each one's I/O captured once
 
 
 @dataclass
@@ -125,11 +129,15 @@ CHOICES = {
 }
 POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.batch_size", "train.grad_accum"}
 NON_NEGATIVE = {
-    "phase1.focus_steps",
+    "phase1.focus_steps", "phase2.refit_steps",
     "phase1.steps", "phase2.steps", "phase1.warmup_steps", "phase2.warmup_steps", "checkpoint.every",
     "phase2.kl_weight", "phase2.ce_weight", "phase2.hidden_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
     "harmonic.short_conv_size",
 }
+
+
+def _layer_indices(layers: list) -> bool:
+    return all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
 
 
 def _validate(recipe: Recipe) -> None:
@@ -145,15 +153,23 @@ def _validate(recipe: Recipe) -> None:
             raise RecipeError(f"recipe key `{key}` must be >= 0, got {flat[key]!r}")
     focus = recipe.phase1
     if focus.focus_steps > 0:
-        if not focus.focus_layers or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in focus.focus_layers):
+        if not focus.focus_layers or not _layer_indices(focus.focus_layers):
             raise RecipeError(f"recipe key `phase1.focus_layers` must list layer indices >= 0 when `phase1.focus_steps` > 0, got {focus.focus_layers!r}")
         if focus.focus_pool <= 0 or not focus.focus_lr > 0:
             raise RecipeError("recipe keys `phase1.focus_pool` and `phase1.focus_lr` must be > 0 when `phase1.focus_steps` > 0")
+    refit = recipe.phase2
+    if refit.refit_steps > 0:
+        if not refit.refit_layers or not _layer_indices(refit.refit_layers):
+            raise RecipeError(f"recipe key `phase2.refit_layers` must list layer indices >= 0 when `phase2.refit_steps` > 0, got {refit.refit_layers!r}")
+        if refit.refit_pool <= 0 or not refit.refit_lr > 0:
+            raise RecipeError("recipe keys `phase2.refit_pool` and `phase2.refit_lr` must be > 0 when `phase2.refit_steps` > 0")
+        if refit.lora_rank > 0:  # its inputs come from the teacher's MLPs, which LoRA would have changed
+            raise RecipeError("recipe key `phase2.refit_steps` > 0 needs `phase2.lora_rank: 0`: the refit runs the blocks among the teacher's own MLPs")
     for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
         if flat[key] not in (None, "float32", "bfloat16"):
             raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")
     frozen = recipe.phase2.frozen_layers
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in frozen):
+    if not _layer_indices(frozen):
         raise RecipeError(f"recipe key `phase2.frozen_layers` must list layer indices >= 0, got {frozen!r}")
     for key in ("phase1.lr", "phase2.lr"):
         if not flat[key] > 0:

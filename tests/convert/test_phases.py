@@ -11,6 +11,8 @@ from hallamonic.convert.phases import (
     LayerOutputs,
     MixerStack,
     TeacherPool,
+    attention_transfer_errors,
+    blocks_in,
     capture_attention_io,
     hidden_alignment,
     phase1_loss,
@@ -185,3 +187,35 @@ def test_a_bfloat16_teacher_pass_feeds_float32_blocks():
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, reference, rtol=0.05, atol=0.0)
     assert not torch.equal(loss, reference)
+
+
+def test_blocks_in_every_layer_is_the_converted_model_and_the_teacher_comes_back():
+    """`blocks_in`: the teacher with the student's blocks in every layer gives the converted
+    model's logits (its norms, MLPs and embeddings are the teacher's); with the teacher's attention
+    kept in the next layer, that layer's captured input is the converted stream, not the teacher's;
+    on exit the teacher is itself again; a bfloat16 teacher runs float32 blocks."""
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None)).eval()
+    ids = torch.randint(0, 300, (2, 24))
+    with torch.no_grad():
+        alone, converted = teacher(input_ids=ids).logits, student(input_ids=ids).logits
+        with blocks_in(teacher, student, range(2)) as hybrid:
+            torch.testing.assert_close(hybrid(input_ids=ids).logits, converted, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(teacher(input_ids=ids).logits, alone, rtol=0, atol=0)
+        with blocks_in(teacher, student, [0]) as hybrid:
+            inputs, _ = capture_attention_io(hybrid, ids)
+            errors = attention_transfer_errors(student, hybrid, ids, layers=[1])
+        seen = []
+        hook = student.model.layers[1].mixer.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        student(input_ids=ids)
+        hook.remove()
+    torch.testing.assert_close(inputs[1], seen[0], rtol=1e-4, atol=1e-5)  # the converted stream into layer 1
+    with torch.no_grad():
+        theirs, _ = capture_attention_io(teacher, ids)
+    assert not torch.allclose(inputs[1], theirs[1])  # ...not the teacher's own
+    assert len(errors) == 1 and errors[0] > 0
+    bf16 = teacher.to(torch.bfloat16)
+    with torch.no_grad(), blocks_in(bf16, student, range(2)) as hybrid:
+        torch.testing.assert_close(hybrid(input_ids=ids).logits.float(), converted, rtol=0.05, atol=0.05)
+    assert student.model.layers[0].mixer.v_proj.weight.dtype == torch.float32

@@ -292,6 +292,37 @@ def test_focus_trains_only_the_focus_layers_and_phase2_alone_restores_it(convert
     assert again["attention_transfer"]["normalised_mse"]["phase1-focus"] == pytest.approx(stages["phase1-focus"], rel=1e-5)
 
 
+def test_refit_trains_only_its_layers_after_phase2_and_resumes(tmp_path):
+    """`phase2.refit_steps` runs a "phase2-refit" after phase 2 that moves the refit layers' blocks
+    only -- even a layer phase 2 held frozen -- reports their error on the converted model's inputs
+    before and after, and a resumed run restores it instead of training again."""
+    refit = FAST + ["phase2.frozen_layers=[1]", "phase2.refit_steps=4", "phase2.refit_layers=[1]", "phase2.refit_pool=2",
+                    "phase2.refit_lr=3e-3"]
+    out = tmp_path / "refit"
+    report = convert(load_recipe("tiny", refit), out)
+    assert [p["name"] for p in report["phases"]] == ["phase1", "phase2", "phase2-refit"]
+    root = out / "training" / "checkpoints"
+    phase1 = load_file(list_checkpoints(root / "phase1")[-1] / "weights.safetensors")
+    phase2 = load_file(list_checkpoints(root / "phase2")[-1] / "weights.safetensors")  # layer 1 frozen: not in it
+    after = load_file(list_checkpoints(root / "phase2-refit")[-1] / "weights.safetensors")
+    assert set(after) == {k for k in phase1 if k.startswith("model.layers.1.mixer.")}
+    assert any(not torch.equal(after[k], phase1[k]) for k in after)
+    exported = load_file(out / "model.safetensors")
+    assert all(torch.equal(exported[k], after[k]) for k in after)
+    assert all(torch.equal(exported[k], phase2[k]) for k in phase2)  # phase 2's layers as phase 2 left them
+    losses = [json.loads(line) for line in (out / "training" / "metrics.jsonl").read_text().splitlines()]
+    refit_losses = [r["loss"] for r in losses if r["phase"] == "phase2-refit"]
+    assert len(refit_losses) == 4 and refit_losses[-1] < refit_losses[0]
+    fit = report["refit"]
+    assert fit["layers"] == [1] and len(fit["before"]) == len(fit["after"]) == 1
+    assert fit["after"][0] != fit["before"][0]  # (held-out: 2 training sequences of a random tiny model need not generalise)
+    assert "before and after `phase2-refit`: layer 1:" in (out / "README.md").read_text()
+
+    again = convert(load_recipe("tiny", refit), out, resume=True)
+    assert [p["seconds"] for p in again["phases"]] == [0.0, 0.0, 0.0]  # every phase restored, none retrained
+    assert again["refit"]["after"] == pytest.approx(fit["after"], rel=1e-5)
+
+
 def test_phase2_frozen_layers_keep_their_phase1_mixers(tmp_path):
     """`phase2.frozen_layers`: those layers' mixers leave phase 2 exactly as phase 1 made them,
     while the other mixers go on training."""
@@ -364,6 +395,10 @@ def test_phase2_hidden_alignment_distils_from_one_shared_bfloat16_teacher_copy(c
 def test_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):
     recipe = load_recipe("tiny", FAST + ["phase2.frozen_layers=[0, 7]"])
     with pytest.raises(ValueError, match=r"`phase2.frozen_layers`: the model has layers 0-1, got \[7\]"):
+        convert(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    recipe = load_recipe("tiny", FAST + ["phase2.refit_steps=2", "phase2.refit_layers=[2]"])
+    with pytest.raises(ValueError, match=r"`phase2.refit_layers`: the model has layers 0-1, got \[2\]"):
         convert(recipe, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

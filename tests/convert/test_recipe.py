@@ -77,6 +77,16 @@ def test_hedgehog_needs_the_expanded_state():
         load_recipe("tiny", ["harmonic.feature_map=hedgehog", "harmonic.state_size=1"])
 
 
+def test_refit_needs_layers_and_no_lora():
+    with pytest.raises(RecipeError, match=r"`phase2.refit_layers` must list layer indices"):
+        load_recipe("tiny", ["phase2.refit_steps=10"])
+    with pytest.raises(RecipeError, match=r"`phase2.refit_pool` and `phase2.refit_lr` must be > 0"):
+        load_recipe("tiny", ["phase2.refit_steps=10", "phase2.refit_layers=[1]", "phase2.refit_pool=0"])
+    with pytest.raises(RecipeError, match=r"needs `phase2.lora_rank: 0`"):
+        load_recipe("tiny", ["phase2.refit_steps=10", "phase2.refit_layers=[1]", "phase2.lora_rank=4"])
+    assert load_recipe("tiny", ["phase2.refit_steps=10", "phase2.refit_layers=[1]"]).phase2.refit_layers == [1]
+
+
 def test_focus_needs_layers():
     with pytest.raises(RecipeError, match=r"`phase1.focus_layers` must list layer indices"):
         load_recipe("tiny", ["phase1.focus_steps=10"])

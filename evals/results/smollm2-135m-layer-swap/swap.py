@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
+from hallamonic.convert.phases import BlockAsAttention  # noqa: F401 - the other scripts import it from here
 from hallamonic.convert.pipeline import _transfer_probe
 from hallamonic.convert.recipe import load_recipe
 from hallamonic.evaluation.data import lambada_texts
@@ -39,18 +39,6 @@ def conversion_data(tokenizer):
     tokens = np.load(TOKENS)
     probe, _ = _transfer_probe(recipe, tokens, tokenizer)
     return recipe, tokens, probe
-
-
-class BlockAsAttention(nn.Module):
-    """A HarmonicBlock behind LlamaAttention's call signature: (output, no attention weights)."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        y, _ = self.block(hidden_states)  # a fresh (zero) state per sequence, like the converted model
-        return y, None
 
 
 def parse_layers(text: str, count: int) -> list[int]:
