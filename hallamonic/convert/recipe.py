@@ -140,6 +140,17 @@ def _layer_indices(layers: list) -> bool:
     return all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
 
 
+def _validate_extra_transfer(flat: dict[str, Any], prefix: str) -> None:
+    """``PREFIX_steps`` > 0 (phase1.focus_*, phase2.refit_*) needs layers, a pool and a learning rate."""
+    if flat[f"{prefix}_steps"] <= 0:
+        return
+    layers = flat[f"{prefix}_layers"]
+    if not layers or not _layer_indices(layers):
+        raise RecipeError(f"recipe key `{prefix}_layers` must list layer indices >= 0 when `{prefix}_steps` > 0, got {layers!r}")
+    if flat[f"{prefix}_pool"] <= 0 or not flat[f"{prefix}_lr"] > 0:
+        raise RecipeError(f"recipe keys `{prefix}_pool` and `{prefix}_lr` must be > 0 when `{prefix}_steps` > 0")
+
+
 def _validate(recipe: Recipe) -> None:
     flat = flatten(recipe.to_dict())
     for key, allowed in CHOICES.items():
@@ -151,20 +162,10 @@ def _validate(recipe: Recipe) -> None:
     for key in NON_NEGATIVE:
         if flat[key] < 0:
             raise RecipeError(f"recipe key `{key}` must be >= 0, got {flat[key]!r}")
-    focus = recipe.phase1
-    if focus.focus_steps > 0:
-        if not focus.focus_layers or not _layer_indices(focus.focus_layers):
-            raise RecipeError(f"recipe key `phase1.focus_layers` must list layer indices >= 0 when `phase1.focus_steps` > 0, got {focus.focus_layers!r}")
-        if focus.focus_pool <= 0 or not focus.focus_lr > 0:
-            raise RecipeError("recipe keys `phase1.focus_pool` and `phase1.focus_lr` must be > 0 when `phase1.focus_steps` > 0")
-    refit = recipe.phase2
-    if refit.refit_steps > 0:
-        if not refit.refit_layers or not _layer_indices(refit.refit_layers):
-            raise RecipeError(f"recipe key `phase2.refit_layers` must list layer indices >= 0 when `phase2.refit_steps` > 0, got {refit.refit_layers!r}")
-        if refit.refit_pool <= 0 or not refit.refit_lr > 0:
-            raise RecipeError("recipe keys `phase2.refit_pool` and `phase2.refit_lr` must be > 0 when `phase2.refit_steps` > 0")
-        if refit.lora_rank > 0:  # its inputs come from the teacher's MLPs, which LoRA would have changed
-            raise RecipeError("recipe key `phase2.refit_steps` > 0 needs `phase2.lora_rank: 0`: the refit runs the blocks among the teacher's own MLPs")
+    for extra in ("phase1.focus", "phase2.refit"):  # the extra attention-transfer runs on chosen layers
+        _validate_extra_transfer(flat, extra)
+    if recipe.phase2.refit_steps > 0 and recipe.phase2.lora_rank > 0:  # its inputs come from the teacher's MLPs
+        raise RecipeError("recipe key `phase2.refit_steps` > 0 needs `phase2.lora_rank: 0`: the refit runs the blocks among the teacher's own MLPs")
     for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
         if flat[key] not in (None, "float32", "bfloat16"):
             raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")

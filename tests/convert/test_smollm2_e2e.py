@@ -44,11 +44,12 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
         [f"base.model={gguf}", f"data.path={FINEWEB}", "data.max_documents=200", "phase1.steps=2",
          "phase1.seq_len=128", "phase1.batch_size=1", "phase2.steps=1", "phase2.seq_len=128",
          "phase1.focus_steps=2", "phase1.focus_pool=2",  # the recipe's phase1-focus on layers 20-24, briefly
+         "phase2.refit_steps=2", "phase2.refit_pool=2",  # and its phase2-refit of layer 23
          "phase2.lr=5.0e-4",  # pinned: the one step's size must not follow the recipe's tuned lr
          "checkpoint.every=0", "eval.max_windows=0"],
     )
     report = convert(recipe, out)
-    assert [p["name"] for p in report["phases"]] == ["phase1", "phase1-focus", "phase2"]
+    assert [p["name"] for p in report["phases"]] == ["phase1", "phase1-focus", "phase2", "phase2-refit"]
     assert report["parameters"]["teacher"] == 134_515_008
     assert 0.75 < report["parameters"]["student"] / report["parameters"]["teacher"] < 1.25
 

@@ -7,6 +7,9 @@
 # Writes outputs/p2-NAME (the converted model) and evals/results/smollm2-135m-phase2-sweep/NAME/.
 # PHASES (default phase2), OUT and RES override the phases run after the restored phase 1 and the
 # two folders (../smollm2-135m-layer-swap/focus_run.sh runs phase1,phase2 to add a phase1-focus).
+# RESTORE_PHASE2=1 restores SRC's finished phase 2 as well, so only a phase2-refit runs (refit variants).
+# Rows measured before the recipe had `phase2.refit_steps` (2026-12-02) ran without one: add
+# --set phase2.refit_steps=0 to reproduce them.
 set -euo pipefail
 NAME=$1; shift
 SRC=${SRC:-outputs/smollm2-n64}
@@ -21,6 +24,9 @@ if [ ! -f "$OUT/model.safetensors" ]; then
   [ -d "$OUT/training/checkpoints/phase1" ] || cp -r "$SRC/training/checkpoints/phase1" "$OUT/training/checkpoints/"
   if [ "${RESTORE_FOCUS:-1}" = 1 ] && [ -d "$SRC/training/checkpoints/phase1-focus" ] && [ ! -d "$OUT/training/checkpoints/phase1-focus" ]; then
     cp -r "$SRC/training/checkpoints/phase1-focus" "$OUT/training/checkpoints/"  # a run with the focus: restored too
+  fi
+  if [ "${RESTORE_PHASE2:-0}" = 1 ] && [ ! -d "$OUT/training/checkpoints/phase2" ]; then
+    cp -r "$SRC/training/checkpoints/phase2" "$OUT/training/checkpoints/"
   fi
   hallamonic convert smollm2-135m -o "$OUT" --resume --phases "$PHASES" \
     --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl "$@"
