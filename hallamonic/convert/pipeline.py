@@ -250,6 +250,7 @@ def convert(
         distils = recipe.phase2.kl_weight > 0 or recipe.phase2.hidden_weight > 0
         phase2_teacher = teacher_in(recipe.phase2.teacher_dtype) if distils else teacher
         results.append(run_phase2(recipe, student, phase2_teacher, tokens, accelerator, out, log, resume))
+        measure_transfer("phase2")
     refit = None
     if "phase2" in phases and recipe.phase2.refit_steps > 0:
         refit_teacher = teacher_in(recipe.phase1.teacher_dtype)

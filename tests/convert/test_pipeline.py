@@ -317,6 +317,8 @@ def test_refit_trains_only_its_layers_after_phase2_and_resumes(tmp_path):
     assert fit["layers"] == [1] and len(fit["before"]) == len(fit["after"]) == 1
     assert fit["after"][0] != fit["before"][0]  # (held-out: 2 training sequences of a random tiny model need not generalise)
     assert "before and after `phase2-refit`: layer 1:" in (out / "README.md").read_text()
+    stages = report["attention_transfer"]["normalised_mse"]  # measured after phase 2 and after the refit
+    assert stages["phase2-refit"][0] == stages["phase2"][0] and stages["phase2-refit"][1] != stages["phase2"][1]
 
     again = convert(load_recipe("tiny", refit), out, resume=True)
     assert [p["seconds"] for p in again["phases"]] == [0.0, 0.0, 0.0]  # every phase restored, none retrained
