@@ -16,8 +16,13 @@
 #     --set 'phase2.frozen_layers=[]')
 #   the recipe with phase2.frozen_layers, fresh (53.2 min): NAME=converted-frozen bash evals/smollm2_selective.sh \
 #     outputs/smollm2-frozen evals/results/smollm2-135m-hallamonic-frozen --set phase1.teacher_dtype=float32 --set phase1.focus_pool=48
-#   the recipe now (bfloat16 teacher pass in phase 1 and the focus, focus pool 192; its --sets are now the defaults):
-#     NAME=converted-focus192 bash evals/smollm2_selective.sh outputs/smollm2-focus192 evals/results/smollm2-135m-hallamonic-focus192
+#   the recipe before (bfloat16 teacher pass in phase 1 and the focus, focus pool 192; no refit):
+#     NAME=converted-focus192 bash evals/smollm2_selective.sh outputs/smollm2-focus192 evals/results/smollm2-135m-hallamonic-focus192 \
+#       --set phase2.refit_steps=0
+#   the recipe now (+ phase2-refit of layer 23): NAME=converted-refit bash evals/smollm2_selective.sh outputs/smollm2-refit \
+#     evals/results/smollm2-135m-hallamonic-refit. Measured in two steps: that command with --set phase2.refit_steps=0
+#     (48.5 min; LAMBADA of that export in the results' before-refit/), then `hallamonic convert smollm2-135m -o
+#     outputs/smollm2-refit --resume` with the same two --sets as below (phases restored, the refit run: 9.7 min), then the evals
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170

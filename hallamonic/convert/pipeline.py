@@ -95,6 +95,8 @@ def _tokens_needed(recipe: Recipe, world: int) -> int:
     ]
     if _pool_tokens(recipe):  # phase 1 cycles over its pool
         needs[0] = min(needs[0], _pool_tokens(recipe))
+    p1, p2 = recipe.phase1, recipe.phase2
+    needs += [p1.focus_pool * p1.seq_len * (p1.focus_steps > 0), p2.refit_pool * p1.seq_len * (p2.refit_steps > 0)]  # their pools
     longest = max(recipe.phase1.seq_len, recipe.phase2.seq_len)
     return max(max(needs), longest) + longest
 

@@ -419,3 +419,16 @@ def test_the_card_describes_the_block_that_was_exported():
     hedgehog = pipeline.block_description(HallamonicConfig(state_size=64, feature_map="hedgehog"))
     assert "diagonal state (one number per channel per level)" in diagonal and diagonal.startswith("3-level")
     assert "64 numbers per channel per level" in hedgehog and "Hedgehog feature maps" in hedgehog
+
+
+def test_the_token_stream_covers_the_focus_and_refit_pools():
+    """A focus or refit pool larger than what phase 1 and 2 read still gets its sequences tokenized."""
+    base = load_recipe("tiny", FAST)
+    seq_len = base.phase1.seq_len
+    plain = pipeline._tokens_needed(base, world=1)
+    refit = load_recipe("tiny", FAST + ["phase2.refit_steps=2", "phase2.refit_layers=[1]", "phase2.refit_pool=500"])
+    focus = load_recipe("tiny", FAST + ["phase1.focus_steps=2", "phase1.focus_layers=[1]", "phase1.focus_pool=400"])
+    assert pipeline._tokens_needed(refit, world=1) >= 500 * seq_len > plain
+    assert pipeline._tokens_needed(focus, world=1) >= 400 * seq_len > plain
+    unused = load_recipe("tiny", FAST + ["phase2.refit_pool=500"])  # no refit steps: its pool is not read
+    assert pipeline._tokens_needed(unused, world=1) == plain
