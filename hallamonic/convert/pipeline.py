@@ -528,10 +528,15 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
         "| phase | steps | tokens | seq len | wall time | final loss |",
         "|---|---|---|---|---|---|",
     ]
+    def minutes(phase: dict) -> str:  # a resumed run counts the time its earlier runs spent too
+        earlier = phase.get("earlier_seconds", 0.0)
+        total = f"{(phase['seconds'] + earlier) / 60:.1f} min"
+        return f"{total} ({earlier / 60:.1f} before a resume)" if earlier else total
+
     for phase in report["phases"]:
         loss = f"{phase['final_loss']:.4f}" if phase["final_loss"] is not None else "-"
         lines.append(
-            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {phase['seq_len']} | {phase['seconds'] / 60:.1f} min | {loss} |"
+            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {phase['seq_len']} | {minutes(phase)} | {loss} |"
         )
     heldout = report.get("heldout") or {}
     if heldout:

@@ -38,6 +38,7 @@ class PhaseResult:
     final_loss: float | None
     resumed_from: int = 0
     seq_len: int = 0  # tokens per sequence: the card shows it without knowing which recipe section ran
+    earlier_seconds: float = 0.0  # spent on this phase by the runs before a resume (``seconds`` is this run's)
 
 
 def make_accelerator(mixed_precision: str):
@@ -94,18 +95,21 @@ def run_phase(
     """Train ``trainable`` (student parameters, by name) for ``section.steps`` optimizer steps."""
     params = list(trainable.values())
     optimizer = torch.optim.AdamW(params, lr=section.lr, betas=(0.9, 0.95), weight_decay=train.weight_decay)
-    start = 0
+    start, earlier, loss_value = 0, 0.0, None
     latest = latest_checkpoint(checkpoint_root) if resume else None
     if latest is not None:
         weights, info = load_checkpoint(latest, optimizer)
         with torch.no_grad():
             for key, value in weights.items():
                 trainable[key].copy_(value)
-        start = info["step"]
+        start, earlier, loss_value = info["step"], info.get("seconds", 0.0), info.get("loss")
         accelerator.print(f"[{name}] resuming from {latest} (step {start}/{section.steps})")
     tokens_per_step = section.batch_size * train.grad_accum * accelerator.num_processes * section.seq_len
     if start >= section.steps:
-        return PhaseResult(name, section.steps, section.steps * tokens_per_step, 0.0, None, resumed_from=start, seq_len=section.seq_len)
+        return PhaseResult(
+            name, section.steps, section.steps * tokens_per_step, 0.0, loss_value,
+            resumed_from=start, seq_len=section.seq_len, earlier_seconds=earlier,
+        )
 
     module, optimizer = accelerator.prepare(module, optimizer)
     module.train()
@@ -113,7 +117,6 @@ def run_phase(
         total=section.steps, initial=start, desc=name, unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True
     )
     began = time.perf_counter()
-    loss_value = None
     for step in range(start, section.steps):
         step_began = time.perf_counter()
         for group in optimizer.param_groups:
@@ -165,9 +168,13 @@ def run_phase(
                 save_checkpoint(
                     checkpoint_root, step + 1, {k: v.detach() for k, v in trainable.items()},
                     getattr(optimizer, "optimizer", optimizer),
-                    {"phase": name, "loss": loss_value, "complete": last}, keep=checkpointing.keep,
+                    {"phase": name, "loss": loss_value, "complete": last, "seconds": earlier + time.perf_counter() - began},
+                    keep=checkpointing.keep,
                 )
             accelerator.wait_for_everyone()
     bar.close()
     seconds = time.perf_counter() - began
-    return PhaseResult(name, section.steps, section.steps * tokens_per_step, seconds, loss_value, resumed_from=start, seq_len=section.seq_len)
+    return PhaseResult(
+        name, section.steps, section.steps * tokens_per_step, seconds, loss_value,
+        resumed_from=start, seq_len=section.seq_len, earlier_seconds=earlier,
+    )

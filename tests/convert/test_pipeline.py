@@ -59,13 +59,13 @@ def test_export_is_a_complete_checkpoint(converted):
 
 
 def test_attention_transfer_is_measured_at_every_stage(converted):
-    """Per-layer normalised MSE on held-out text after surgery, calibration and phase 1, in the
+    """Per-layer normalised MSE on held-out text after surgery, calibration, phase 1 and phase 2, in the
     report and the card; phase 1 lowers it; the card shows both models' greedy continuations."""
     out, report = converted
     transfer = report["attention_transfer"]
     assert "held-out" in transfer["sample"]
     stages = transfer["normalised_mse"]
-    assert list(stages) == ["surgery", "calibrated", "phase1"]
+    assert list(stages) == ["surgery", "calibrated", "phase1", "phase2"]
     layers = json.loads((out / "config.json").read_text())["num_hidden_layers"]
     assert all(len(errors) == layers and all(e > 0 for e in errors) for errors in stages.values())
     mean = {stage: sum(errors) / len(errors) for stage, errors in stages.items()}
@@ -322,6 +322,10 @@ def test_refit_trains_only_its_layers_after_phase2_and_resumes(tmp_path):
 
     again = convert(load_recipe("tiny", refit), out, resume=True)
     assert [p["seconds"] for p in again["phases"]] == [0.0, 0.0, 0.0]  # every phase restored, none retrained
+    for first, restored in zip(report["phases"], again["phases"]):  # ...with the time and loss its run had
+        assert 0 < restored["earlier_seconds"] <= first["seconds"]  # (stamped when its last checkpoint was written)
+        assert restored["final_loss"] == pytest.approx(first["final_loss"])
+    assert "before a resume" in (out / "README.md").read_text()
     assert again["refit"]["after"] == pytest.approx(fit["after"], rel=1e-5)
 
 
