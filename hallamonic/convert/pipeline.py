@@ -501,6 +501,13 @@ def block_description(config) -> str:
     )
 
 
+def _phase_minutes(phase: dict) -> str:
+    """A phase's wall time for the card; a resumed run counts what its earlier runs spent too."""
+    earlier = phase.get("earlier_seconds", 0.0)
+    total = f"{(phase['seconds'] + earlier) / 60:.1f} min"
+    return f"{total} ({earlier / 60:.1f} before a resume)" if earlier else total
+
+
 def model_card(recipe: Recipe, report: dict, config) -> str:
     counts = report["parameters"]
     base = public_name(recipe.base.model)
@@ -528,15 +535,10 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
         "| phase | steps | tokens | seq len | wall time | final loss |",
         "|---|---|---|---|---|---|",
     ]
-    def minutes(phase: dict) -> str:  # a resumed run counts the time its earlier runs spent too
-        earlier = phase.get("earlier_seconds", 0.0)
-        total = f"{(phase['seconds'] + earlier) / 60:.1f} min"
-        return f"{total} ({earlier / 60:.1f} before a resume)" if earlier else total
-
     for phase in report["phases"]:
         loss = f"{phase['final_loss']:.4f}" if phase["final_loss"] is not None else "-"
         lines.append(
-            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {phase['seq_len']} | {minutes(phase)} | {loss} |"
+            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {phase['seq_len']} | {_phase_minutes(phase)} | {loss} |"
         )
     heldout = report.get("heldout") or {}
     if heldout:
