@@ -39,12 +39,12 @@ import time
 import numpy as np
 import torch
 
-from hallamonic.convert.phases import capture_attention_io
+from hallamonic.convert.phases import blocks_in, capture_attention_io
 from hallamonic.evaluation.data import lambada_texts
 from hallamonic.evaluation.lambada import evaluate_lambada
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 from hallamonic.training.packing import PackedBatches
-from swap import HERE, LAMBADA, BlockAsAttention, conversion_data, parse_layers
+from swap import HERE, LAMBADA, conversion_data, parse_layers
 
 TRAIN_SEQS, BATCH = 48, 4
 
@@ -131,30 +131,22 @@ def main() -> None:
         text = open(args.train_text, encoding="utf-8-sig").read()
         train_tokens = np.array(tokenizer(text, add_special_tokens=False).input_ids, dtype=np.int64)
     train_seqs = PackedBatches(train_tokens, 512, seed=0).sequences[: args.train_seqs]
-    attentions = {i: layer.self_attn for i, layer in enumerate(teacher.model.layers)}
     others = [i for i in range(len(teacher.model.layers)) if i not in layers]
-    if args.student_inputs:  # the converted model, with the teacher's attention in LAYERS only
-        for i in others:
-            teacher.model.layers[i].self_attn = BlockAsAttention(student.model.layers[i].mixer)
-    train_io = capture(teacher, train_seqs, layers)
-    weights = {i: None for i in layers}
-    if args.retrieval_weight > 0:
-        for i, r in retrieval_scores(teacher, train_seqs, layers).items():
-            w = 1.0 + args.retrieval_weight * r  # (48, 512)
-            weights[i] = w / w.mean(dim=1, keepdim=True)
-            print(f"layer {i}: r_t mean {r.mean():.3f}, p90 {r.quantile(0.9):.3f}; weight max {weights[i].max():.2f}", flush=True)
-    held = capture(teacher, probe, layers)
-    for i in others:
-        teacher.model.layers[i].self_attn = attentions[i]
+    # --student-inputs: the converted model, with the teacher's attention in LAYERS only
+    with blocks_in(teacher, student, others if args.student_inputs else []):
+        train_io = capture(teacher, train_seqs, layers)
+        weights = {i: None for i in layers}
+        if args.retrieval_weight > 0:
+            for i, r in retrieval_scores(teacher, train_seqs, layers).items():
+                w = 1.0 + args.retrieval_weight * r  # (48, 512)
+                weights[i] = w / w.mean(dim=1, keepdim=True)
+                print(f"layer {i}: r_t mean {r.mean():.3f}, p90 {r.quantile(0.9):.3f}; weight max {weights[i].max():.2f}", flush=True)
+        held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
 
     def score(swapped=layers) -> dict:
-        for i in swapped:
-            teacher.model.layers[i].self_attn = BlockAsAttention(student.model.layers[i].mixer)
-        with torch.no_grad():
+        with torch.no_grad(), blocks_in(teacher, student, swapped):
             result = evaluate_lambada(teacher, tokenizer, texts, progress=False)
-        for i in swapped:
-            teacher.model.layers[i].self_attn = attentions[i]
         return {k: result[k] for k in ("accuracy", "perplexity", "n")}
 
     blocks = {i: student.model.layers[i].mixer.float().train().requires_grad_(True) for i in layers}
