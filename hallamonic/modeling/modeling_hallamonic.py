@@ -186,7 +186,8 @@ class ShortConv(nn.Module):
 
 
 class DecayGate(nn.Module):
-    """log a(t) = -softplus(up(down(u(t)))+bias) in fp32: in bf16, a = 0.999 would round to 1."""
+    """log a(t) = -softplus(up(down(u(t)))+bias) in fp32, also under autocast: in bf16, a = 0.999
+    would round to 1, and the logits of a slow channel (~ -8) would be off by ~0.03."""
 
     def __init__(self, width: int, rank: int, band: list[float], head_dim: int):
         super().__init__()
@@ -194,7 +195,9 @@ class DecayGate(nn.Module):
         self.up = TimescaleLinear(rank, width, band, head_dim)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        z = F.linear(self.down(u).float(), self.up.weight.float(), self.up.bias.float())  # (B, L, D)
+        with torch.autocast(u.device.type, enabled=False):
+            low = F.linear(u.float(), self.down.weight.float())  # (B, L, rank)
+            z = F.linear(low, self.up.weight.float(), self.up.bias.float())  # (B, L, D)
         return -F.softplus(z)
 
 

@@ -42,11 +42,20 @@ class PhaseResult:
 
 
 def make_accelerator(mixed_precision: str):
-    """An accelerate Accelerator: ``auto`` precision is bf16 on CUDA and none on CPU."""
+    """An accelerate Accelerator: ``auto`` precision is bf16 on CUDA and none on CPU.
+
+    accelerate keeps one process-wide state and refuses a second Accelerator with another
+    precision; a library caller (a notebook, a test) may well run two conversions with different
+    recipes in one process, so a precision change resets that state (the distributed part of it,
+    set up by the launcher, is kept)."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     if mixed_precision == "auto":
         mixed_precision = "bf16" if torch.cuda.is_available() else "no"
+    current = AcceleratorState._shared_state.get("_mixed_precision")
+    if current is not None and str(current) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
     return Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
 
 
@@ -127,8 +136,11 @@ def run_phase(
                 step, micro, section.batch_size, train.grad_accum, accelerator.process_index, accelerator.num_processes
             ).to(accelerator.device)
             sync = micro == train.grad_accum - 1
-            with (contextlib.nullcontext() if sync else accelerator.no_sync(module)), accelerator.autocast():
-                loss = loss_fn(module, batch)
+            with contextlib.nullcontext() if sync else accelerator.no_sync(module):
+                with accelerator.autocast():
+                    loss = loss_fn(module, batch)
+                # Backward outside autocast (PyTorch's advice): each op's backward then runs in its
+                # forward's dtype, so parts kept fp32 on purpose (gates, scan) stay fp32 backward too.
                 accelerator.backward(loss / train.grad_accum)
             total += loss.detach().float() / train.grad_accum
         mean_loss = accelerator.reduce(total, reduction="mean")

@@ -368,6 +368,23 @@ def test_phase1_teacher_dtype_trains_on_a_bfloat16_teacher_pass(converted, tmp_p
     assert ours == pytest.approx(theirs, rel=0.05) and ours != theirs
 
 
+def test_bf16_mixed_precision_on_cpu_keeps_fp32_weights_and_the_fp32_losses(converted, tmp_path):
+    """`train.mixed_precision: bf16` runs every phase under CPU bf16 autocast: the weights (and so
+    the export) stay float32, and the losses are the float32 run's to within bf16 rounding."""
+    reference, _ = converted
+    out = tmp_path / "mixed"
+    convert(load_recipe("tiny", FAST + ["train.mixed_precision=bf16"]), out)
+    assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.float32}
+
+    def losses(folder):
+        rows = [json.loads(line) for line in (folder / "training" / "metrics.jsonl").read_text().splitlines()]
+        return [row["loss"] for row in rows if "loss" in row and row["loss"] is not None]
+
+    ours, theirs = losses(out), losses(reference)
+    assert ours and len(ours) == len(theirs)
+    assert ours == pytest.approx(theirs, rel=0.05) and ours != theirs
+
+
 def test_phase2_hidden_alignment_distils_from_one_shared_bfloat16_teacher_copy(converted, tmp_path, monkeypatch):
     """`phase2.hidden_weight` with `phase2.teacher_dtype: bfloat16`: phase 2 gets the bfloat16 copy of
     the teacher phase 1 already made (one copy, not two), and the term shows in its losses."""

@@ -211,6 +211,22 @@ def test_timescales_spread_over_each_levels_band():
     assert all(band == [1.0, 4096.0] for band in flat.level_bands)
 
 
+def test_decay_gates_stay_fp32_under_bf16_autocast():
+    """Mixed-precision training runs the blocks under bf16 autocast; the decay gates opt out (a
+    slow channel's logit ~ -8 would move by ~0.03 with bf16 operands), so their log decays equal
+    the fp32 ones exactly, forward and backward."""
+    gate = stateful_model(state_size=8).model.layers[0].mixer.gates[2]
+    u = torch.randn(2, 9, gate.down.in_features, requires_grad=True)
+    exact = gate(u)
+    (grad_exact,) = torch.autograd.grad(exact.sum(), u)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = gate(u)
+    (grad_mixed,) = torch.autograd.grad(mixed.sum(), u)
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, exact, rtol=0, atol=0)
+    torch.testing.assert_close(grad_mixed, grad_exact, rtol=0, atol=0)
+
+
 def test_level_inputs_start_on_the_value_streams_scale():
     """From scratch, every level's input norm starts at the RMS the value stream has at init, so
     slow levels do not start louder than the first (conversion re-fits these gains on real text)."""

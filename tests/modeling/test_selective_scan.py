@@ -78,6 +78,23 @@ def test_bf16_inputs_accumulate_in_fp32():
     torch.testing.assert_close(final.double(), exact_final.double(), atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("decay", ["near-0", "any", "near-1"])
+def test_the_chunked_scan_stays_fp32_under_bf16_autocast(decay):
+    """Mixed-precision training runs the scan under bf16 autocast. With bf16 matmul operands the
+    decay's gradient (a difference of nearly equal terms where decays are fast) was 18% off at
+    a ~ 0.05; the scan switches autocast off, so every output and gradient is fp32-exact."""
+    tensors, h0 = inputs(1, 3 * CHUNK + 5, 2, 16, 16, decay, torch.float32, True)
+    exact = run(reference_selective_scan, [t.double() for t in tensors], h0.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, final = chunked_selective_scan(*tensors, h0)
+    assert y.dtype == final.dtype == torch.float32
+    # the backward outside autocast, as the trainer runs it: each op's backward in its forward's dtype
+    mixed = run(lambda *args: (y, final), tensors, h0)
+    for got, want in zip([mixed[0], mixed[1], *mixed[2]], [exact[0], exact[1], *exact[2]]):
+        error = (got.double() - want).norm() / want.norm()
+        assert error < 1e-4, error
+
+
 def test_steps_continue_a_scan():
     """Prefill with the chunked path, then single steps: the same outputs as one pass."""
     tensors, _ = inputs(2, 45, 3, 4, 5, "any", torch.float32, False)

@@ -73,3 +73,12 @@ def test_a_non_finite_loss_stops_or_skips(tmp_path):
     _, result = train(tmp_path / "skip", nan_at_3, on_nan="skip")
     rows = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r.get("skipped")] == [3] and result.final_loss is not None
+
+
+def test_one_process_can_switch_mixed_precision():
+    """Two conversions with different `train.mixed_precision` in one process (a notebook, this test
+    run): accelerate's process-wide state would refuse the second precision; make_accelerator resets it."""
+    assert str(make_accelerator("bf16").mixed_precision) == "bf16"
+    assert str(make_accelerator("no").mixed_precision) == "no"
+    assert str(make_accelerator("bf16").mixed_precision) == "bf16"
+    assert str(make_accelerator("no").mixed_precision) == "no"
