@@ -19,10 +19,13 @@
 #   the recipe before (bfloat16 teacher pass in phase 1 and the focus, focus pool 192; no refit):
 #     NAME=converted-focus192 bash evals/smollm2_selective.sh outputs/smollm2-focus192 evals/results/smollm2-135m-hallamonic-focus192 \
 #       --set phase2.refit_steps=0
-#   the recipe now (+ phase2-refit of layer 23): NAME=converted-refit bash evals/smollm2_selective.sh outputs/smollm2-refit \
+#   the recipe before (+ phase2-refit of layer 23; fp32, 125 phase-2 steps: add --set train.mixed_precision=no --set phase2.steps=125): NAME=converted-refit bash evals/smollm2_selective.sh outputs/smollm2-refit \
 #     evals/results/smollm2-135m-hallamonic-refit. Measured in two steps: that command with --set phase2.refit_steps=0
 #     (48.5 min; LAMBADA of that export in the results' before-refit/), then `hallamonic convert smollm2-135m -o
 #     outputs/smollm2-refit --resume` with the same two --sets as below (phases restored, the refit run: 9.7 min), then the evals
+#   the recipe under bf16 autocast with 125 phase-2 steps (49.6 min): NAME=converted-bf16 bash evals/smollm2_selective.sh \
+#     outputs/smollm2-bf16 evals/results/smollm2-135m-hallamonic-bf16 --set phase2.steps=125; the recipe now (220 steps) was
+#     measured from that run's focus: see evals/results/smollm2-135m-hallamonic-bf16/README.md
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
