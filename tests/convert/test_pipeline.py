@@ -32,6 +32,12 @@ print(json.dumps({"logits": model(ids).logits[0, -1, :8].tolist(), "generated": 
 """
 
 
+def logged_losses(folder: Path, phase: str | None = None) -> list[float]:
+    """The per-step losses a conversion logged in training/metrics.jsonl (one phase's, or all)."""
+    rows = [json.loads(line) for line in (folder / "training" / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if row.get("loss") is not None and phase in (None, row.get("phase"))]
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("tiny") / "out"
@@ -359,11 +365,7 @@ def test_phase1_teacher_dtype_trains_on_a_bfloat16_teacher_pass(converted, tmp_p
     convert(load_recipe("tiny", FAST + ["phase1.teacher_dtype=bfloat16"]), out)
     assert seen == [torch.bfloat16]
 
-    def phase1_losses(folder):
-        rows = [json.loads(line) for line in (folder / "training" / "metrics.jsonl").read_text().splitlines()]
-        return [row["loss"] for row in rows if row.get("phase") == "phase1" and "loss" in row]
-
-    ours, theirs = phase1_losses(out), phase1_losses(reference)
+    ours, theirs = logged_losses(out, "phase1"), logged_losses(reference, "phase1")
     assert ours and len(ours) == len(theirs)
     assert ours == pytest.approx(theirs, rel=0.05) and ours != theirs
 
@@ -375,12 +377,7 @@ def test_bf16_mixed_precision_on_cpu_keeps_fp32_weights_and_the_fp32_losses(conv
     out = tmp_path / "mixed"
     convert(load_recipe("tiny", FAST + ["train.mixed_precision=bf16"]), out)
     assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.float32}
-
-    def losses(folder):
-        rows = [json.loads(line) for line in (folder / "training" / "metrics.jsonl").read_text().splitlines()]
-        return [row["loss"] for row in rows if "loss" in row and row["loss"] is not None]
-
-    ours, theirs = losses(out), losses(reference)
+    ours, theirs = logged_losses(out), logged_losses(reference)
     assert ours and len(ours) == len(theirs)
     assert ours == pytest.approx(theirs, rel=0.05) and ours != theirs
 
@@ -406,11 +403,7 @@ def test_phase2_hidden_alignment_distils_from_one_shared_bfloat16_teacher_copy(c
     assert next(seen["phase2"].parameters()).dtype == torch.bfloat16
     assert seen["phase2"] is seen["phase1"]
 
-    def phase2_losses(folder):
-        rows = [json.loads(line) for line in (folder / "training" / "metrics.jsonl").read_text().splitlines()]
-        return [row["loss"] for row in rows if row.get("phase") == "phase2" and "loss" in row]
-
-    ours, theirs = phase2_losses(out), phase2_losses(reference)
+    ours, theirs = logged_losses(out, "phase2"), logged_losses(reference, "phase2")
     assert len(ours) == len(theirs) == 3
     assert all(a > b for a, b in zip(ours, theirs))  # cross-entropy plus a positive alignment term
 
