@@ -494,7 +494,13 @@ def block_description(config) -> str:
     levels = len(config.timescale_bands)
     if config.state_size == 1:
         return f"{levels}-level hierarchical state-space mixer with a diagonal state (one number per channel per level)"
-    maps = "Hedgehog feature maps, normalised read-out" if config.feature_map == "hedgehog" else "q.k linear attention"
+    hedgehog = [i for i in range(config.num_hidden_layers) if config.layer_feature_map(i) == "hedgehog"]
+    if len(hedgehog) == config.num_hidden_layers:
+        maps = "Hedgehog feature maps, normalised read-out"
+    elif hedgehog:
+        maps = f"q.k linear attention; in layer(s) {', '.join(map(str, hedgehog))} Hedgehog feature maps, normalised read-out"
+    else:
+        maps = "q.k linear attention"
     return (
         f"{levels}-level hierarchical state-space mixer with an expanded, selective state: {config.state_size} "
         f"numbers per channel per level, written through per-head keys and read through per-head queries ({maps})"

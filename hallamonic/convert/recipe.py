@@ -48,6 +48,7 @@ class HarmonicSection:
     short_conv_size: int = 0  # > 0: causal depthwise conv of the value stream (identity at init)
     state_size: int | None = None  # numbers per channel per level: null = the teacher's head_dim (k/q start the maps); 1 = diagonal
     feature_map: str = "identity"  # identity (q.k linear attention) | hedgehog (softmax features, normalised read-out)
+    hedgehog_layers: list = field(default_factory=list)  # layers whose blocks use hedgehog whatever feature_map says
     recompute_mixer: bool = False  # recompute each block in backward instead of storing its activations
     init_from_attention: bool = True  # v_proj / o_proj from the teacher's attention
     calibrate_norms: bool = True  # fit level-input norms and the output scale on real text
@@ -169,9 +170,9 @@ def _validate(recipe: Recipe) -> None:
     for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
         if flat[key] not in (None, "float32", "bfloat16"):
             raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")
-    frozen = recipe.phase2.frozen_layers
-    if not _layer_indices(frozen):
-        raise RecipeError(f"recipe key `phase2.frozen_layers` must list layer indices >= 0, got {frozen!r}")
+    for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers"):
+        if not _layer_indices(flat[key]):
+            raise RecipeError(f"recipe key `{key}` must list layer indices >= 0, got {flat[key]!r}")
     for key in ("phase1.lr", "phase2.lr"):
         if not flat[key] > 0:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {flat[key]!r}")
@@ -185,6 +186,8 @@ def _validate(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key `harmonic.state_size` must be > 0 or null (= the teacher's head_dim), got {state_size!r}")
     if recipe.harmonic.feature_map != "identity" and state_size == 1:
         raise RecipeError(f"recipe key `harmonic.feature_map: {recipe.harmonic.feature_map}` needs the expanded state (`harmonic.state_size` null or > 1)")
+    if recipe.harmonic.hedgehog_layers and state_size == 1:
+        raise RecipeError("recipe key `harmonic.hedgehog_layers` needs the expanded state (`harmonic.state_size` null or > 1)")
     bands = recipe.harmonic.timescale_bands
     if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
         raise RecipeError(f"recipe key `harmonic.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")

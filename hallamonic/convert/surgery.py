@@ -60,7 +60,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         output_gate_rank=harmonic.output_gate_rank,
         short_conv_size=harmonic.short_conv_size,
         state_size=harmonic.state_size or head_dim,
-        feature_map=harmonic.feature_map,
+        feature_map=_feature_maps(harmonic, tc.num_hidden_layers),
         recompute_mixer=harmonic.recompute_mixer,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
         bos_token_id=tc.bos_token_id,
@@ -69,6 +69,16 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         base_model_name_or_path=base_spec,
         teacher_max_position_embeddings=getattr(tc, "max_position_embeddings", None),
     )
+
+
+def _feature_maps(harmonic: HarmonicSection, layers: int) -> str | list[str]:
+    """``feature_map`` for every layer, or one entry per layer when ``hedgehog_layers`` picks some."""
+    outside = [i for i in harmonic.hedgehog_layers if i >= layers]
+    if outside:
+        raise ValueError(f"recipe key `harmonic.hedgehog_layers`: the model has layers 0-{layers - 1}, got {outside}")
+    if not harmonic.hedgehog_layers:
+        return harmonic.feature_map
+    return ["hedgehog" if i in harmonic.hedgehog_layers else harmonic.feature_map for i in range(layers)]
 
 
 def is_carried_over(name: str) -> bool:

@@ -50,7 +50,9 @@ class HallamonicConfig(PreTrainedConfig):
             level's read-out divided by the same recurrence run over ones, so each y_l is a
             weighted average of its inputs with weights decay x phi(q_t) . phi(k_s): a normalised
             linear attention that can be as peaked as softmax. Doubles the state (2N features, a
-            numerator and a denominator per value channel). Only with ``state_size`` > 1.
+            numerator and a denominator per value channel). Only with ``state_size`` > 1. A list
+            with one entry per layer sets each layer's map: a few layers that must recall can use
+            Hedgehog while the rest keep the cheaper identity (``layer_feature_map``).
         recompute_mixer: in training, keep only each block's input and recompute the block in the
             backward pass (activation checkpointing of the mixer): training memory per token drops to
             a few hidden-size vectors per layer for about one extra mixer forward.
@@ -88,7 +90,7 @@ class HallamonicConfig(PreTrainedConfig):
         output_gate_rank: int | None = None,
         short_conv_size: int = 0,
         state_size: int = 1,
-        feature_map: str = "identity",
+        feature_map: str | list[str] = "identity",
         recompute_mixer: bool = False,
         forward_chunk_size: int = 0,
         base_model_name_or_path: str | None = None,
@@ -122,7 +124,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.output_gate_rank = output_gate_rank if output_gate_rank is not None else default_rank
         self.short_conv_size = short_conv_size
         self.state_size = state_size
-        self.feature_map = feature_map
+        self.feature_map = list(feature_map) if isinstance(feature_map, (list, tuple)) else feature_map
         self.recompute_mixer = recompute_mixer
         self.forward_chunk_size = forward_chunk_size
         self.base_model_name_or_path = base_model_name_or_path
@@ -137,6 +139,10 @@ class HallamonicConfig(PreTrainedConfig):
     def layer_types(self) -> list[str]:
         """Every layer keeps a fixed-size recurrent state: generate() builds a linear-attention cache."""
         return ["linear_attention"] * self.num_hidden_layers
+
+    def layer_feature_map(self, layer_idx: int) -> str:
+        """The feature map of one layer's block: ``feature_map`` itself, or its entry for that layer."""
+        return self.feature_map[layer_idx] if isinstance(self.feature_map, list) else self.feature_map
 
     @property
     def state_width(self) -> int:
@@ -170,12 +176,18 @@ class HallamonicConfig(PreTrainedConfig):
             )
         if not isinstance(self.short_conv_size, int) or isinstance(self.short_conv_size, bool) or self.short_conv_size < 0:
             raise ValueError(f"HallamonicConfig: `short_conv_size` must be an integer >= 0, got {self.short_conv_size!r}")
-        if self.feature_map not in FEATURE_MAPS:
-            raise ValueError(f"HallamonicConfig: `feature_map` must be one of {FEATURE_MAPS}, got {self.feature_map!r}")
-        if self.feature_map != "identity" and self.state_size == 1:
+        maps = self.feature_map if isinstance(self.feature_map, list) else [self.feature_map]
+        if isinstance(self.feature_map, list) and len(maps) != self.num_hidden_layers:
             raise ValueError(
-                f"HallamonicConfig: `feature_map` {self.feature_map!r} needs the expanded state (`state_size` > 1)"
+                f"HallamonicConfig: a per-layer `feature_map` needs one entry per layer ({self.num_hidden_layers}), got {len(maps)}"
             )
+        for feature_map in maps:
+            if feature_map not in FEATURE_MAPS:
+                raise ValueError(f"HallamonicConfig: `feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}")
+            if feature_map != "identity" and self.state_size == 1:
+                raise ValueError(
+                    f"HallamonicConfig: `feature_map` {feature_map!r} needs the expanded state (`state_size` > 1)"
+                )
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if len(self.timescale_bands) < 1:

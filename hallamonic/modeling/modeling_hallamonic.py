@@ -18,11 +18,12 @@ where k_t = state_write(x_t) and q_t = state_read(x_t) are shared by the levels;
 place everywhere above (predictors, errors, the sum into o_proj). The current token thereby chooses
 what to store and what to retrieve (``hallamonic_selective_scan.py``).
 
-With ``feature_map="hedgehog"`` both vectors pass Hedgehog's map phi(x) = [softmax(W x), softmax(-W x)]
-(per head, W learnable from the identity) and each level's read-out is divided by the same
-recurrence run over ones: y_l(t) = sum_s w_ts u_l(s) / sum_s w_ts with w_ts = decay(s..t) (1 - a_s)
-phi(q_t).phi(k_s) > 0, a weighted average that can be as peaked as softmax attention. The numerator
-and denominator run as one scan over 2 x head_dim channels per head and 2N features.
+With ``feature_map="hedgehog"`` (in every layer, or per layer) both vectors pass Hedgehog's map
+phi(x) = [softmax(W x), softmax(-W x)] (per head, W learnable from the identity) and each level's
+read-out is divided by the same recurrence run over ones: y_l(t) = sum_s w_ts u_l(s) / sum_s w_ts
+with w_ts = decay(s..t) (1 - a_s) phi(q_t).phi(k_s) > 0, a weighted average that can be as peaked
+as softmax attention. The numerator and denominator run as one scan over 2 x head_dim channels
+per head and 2N features.
 
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
 one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache
@@ -235,7 +236,7 @@ class HarmonicBlock(nn.Module):
         if config.state_size > 1:  # the expanded, selective state: shapes of k_proj / q_proj at N = head_dim
             self.state_write = StateMap(config.hidden_size, config.num_key_value_heads * config.state_size, bias=config.value_bias)
             self.state_read = StateMap(config.hidden_size, config.num_attention_heads * config.state_size, bias=config.value_bias)
-        self.normalised = config.feature_map == "hedgehog"
+        self.normalised = config.layer_feature_map(layer_idx) == "hedgehog"
         if self.normalised:
             self.write_features = HedgehogFeatureMap(config.num_key_value_heads, config.state_size)
             self.read_features = HedgehogFeatureMap(config.num_attention_heads, config.state_size)

@@ -433,6 +433,8 @@ def test_the_card_describes_the_block_that_was_exported():
     hedgehog = pipeline.block_description(HallamonicConfig(state_size=64, feature_map="hedgehog"))
     assert "diagonal state (one number per channel per level)" in diagonal and diagonal.startswith("3-level")
     assert "64 numbers per channel per level" in hedgehog and "Hedgehog feature maps" in hedgehog
+    mixed = pipeline.block_description(HallamonicConfig(state_size=64, num_hidden_layers=3, feature_map=["identity", "hedgehog", "identity"]))
+    assert "q.k linear attention; in layer(s) 1 Hedgehog feature maps" in mixed
 
 
 def test_the_token_stream_covers_the_focus_and_refit_pools():

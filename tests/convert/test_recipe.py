@@ -65,6 +65,7 @@ def test_exponent_without_a_dot_is_a_number():
         ("phase1.teacher_dtype=float16", r"`phase1.teacher_dtype` must be null, 'float32' or 'bfloat16'"),
         ("phase2.teacher_dtype=half", r"`phase2.teacher_dtype` must be null, 'float32' or 'bfloat16'"),
         ("phase2.hidden_weight=-0.5", r"`phase2.hidden_weight` must be >= 0"),
+        ("harmonic.hedgehog_layers=[-2]", r"`harmonic.hedgehog_layers` must list layer indices >= 0"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
@@ -75,6 +76,8 @@ def test_bad_overrides_name_the_key(override, message):
 def test_hedgehog_needs_the_expanded_state():
     with pytest.raises(RecipeError, match=r"`harmonic.feature_map: hedgehog` needs the expanded state"):
         load_recipe("tiny", ["harmonic.feature_map=hedgehog", "harmonic.state_size=1"])
+    with pytest.raises(RecipeError, match=r"`harmonic.hedgehog_layers` needs the expanded state"):
+        load_recipe("tiny", ["harmonic.hedgehog_layers=[1]", "harmonic.state_size=1"])
 
 
 def test_refit_needs_layers_and_no_lora():

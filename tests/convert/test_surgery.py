@@ -123,3 +123,15 @@ def test_hedgehog_block_starts_from_the_teachers_qkv_through_identity_feature_ma
         assert mixer.write_features.weight.requires_grad
     ids = torch.randint(0, 300, (2, 19))
     assert torch.isfinite(student(ids).logits).all()
+
+
+def test_hedgehog_layers_give_those_blocks_hedgehog_and_the_rest_the_recipes_map():
+    teacher = build_tiny_llama(300, tie_word_embeddings=False)
+    student = build_student(teacher, HarmonicSection(hedgehog_layers=[1]))
+    assert student.config.feature_map == ["identity", "hedgehog"]
+    first, second = (layer.mixer for layer in student.model.layers)
+    assert not first.normalised and not hasattr(first, "write_features")
+    assert second.normalised and second.features == 2 * student.config.state_size
+    assert torch.equal(second.state_read.weight, teacher.model.layers[1].self_attn.q_proj.weight)
+    with pytest.raises(ValueError, match=r"hedgehog_layers`: the model has layers 0-1, got \[2\]"):
+        build_student(teacher, HarmonicSection(hedgehog_layers=[2]))

@@ -40,13 +40,17 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
 
 @pytest.fixture(
     scope="module",
-    params=[(0, 1, "identity"), (4, 1, "identity"), (0, 8, "identity"), (4, 8, "identity"), (0, 8, "hedgehog"), (4, 8, "hedgehog")],
-    ids=["plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv"],
+    params=[
+        (0, 1, "identity"), (4, 1, "identity"), (0, 8, "identity"), (4, 8, "identity"), (0, 8, "hedgehog"),
+        (4, 8, "hedgehog"), (4, 8, ["hedgehog", "identity"]),
+    ],
+    ids=["plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps"],
 )
 def model(request) -> HallamonicForCausalLM:
     """Every state test runs without and with the short conv (whose inputs are carried state too),
-    with the diagonal state (N = 1), the expanded selective one (N = head_dim = 8), and that one with
-    Hedgehog features and a normalised read-out (numerator and denominator states)."""
+    with the diagonal state (N = 1), the expanded selective one (N = head_dim = 8), that one with
+    Hedgehog features and a normalised read-out (numerator and denominator states), and a model whose
+    layers differ (Hedgehog in one, identity in the other: states of two shapes in one cache)."""
     short_conv_size, state_size, feature_map = request.param
     return stateful_model(short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map)
 
@@ -148,8 +152,10 @@ def test_cache_size_is_constant_in_generated_length(model):
 
     short, long = cache_bytes(10), cache_bytes(2000)
     rows = 3 + max(model.config.short_conv_size - 1, 0)  # levels (+ the conv's carried inputs)
-    hedgehog = 4 if model.config.feature_map == "hedgehog" else 1  # 2x rows (numerator, denominator) x 2N features
-    expected = 2 * rows * 32 * model.config.state_size * 4 * hedgehog  # layers * rows * channels (4 heads x 8) * N * fp32 bytes
+    # per layer: rows * channels (4 heads x 8) * N * fp32 bytes, x4 with Hedgehog (2x rows for numerator and denominator, 2N features)
+    expected = sum(
+        rows * 32 * model.config.state_size * 4 * (4 if model.config.layer_feature_map(i) == "hedgehog" else 1) for i in range(2)
+    )
     assert short == long == expected
 
 
@@ -368,6 +374,10 @@ def test_hedgehog_needs_the_expanded_state():
         tiny_config(state_size=1, feature_map="hedgehog")
     with pytest.raises(ValueError, match="feature_map"):
         tiny_config(state_size=8, feature_map="softmax")
+    with pytest.raises(ValueError, match="one entry per layer"):
+        tiny_config(state_size=8, feature_map=["hedgehog"])
+    with pytest.raises(ValueError, match="feature_map"):
+        tiny_config(state_size=8, feature_map=["hedgehog", "softmax"])
 
 
 @pytest.mark.parametrize("state_size, feature_map", [(1, "identity"), (8, "identity"), (8, "hedgehog")])

@@ -42,7 +42,11 @@ json.dump(result, open(out_path, "w"))
 """
 
 
-@pytest.fixture(scope="module", params=[(1, "identity"), (8, "identity"), (8, "hedgehog")], ids=["diagonal", "selective", "hedgehog"])
+@pytest.fixture(
+    scope="module",
+    params=[(1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"])],
+    ids=["diagonal", "selective", "hedgehog", "per-layer-maps"],
+)
 def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
     torch.manual_seed(0)
     config = HallamonicConfig(
