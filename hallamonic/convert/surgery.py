@@ -72,10 +72,8 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
 
 
 def _feature_maps(harmonic: HarmonicSection, layers: int) -> str | list[str]:
-    """``feature_map`` for every layer, or one entry per layer when ``hedgehog_layers`` picks some."""
-    outside = [i for i in harmonic.hedgehog_layers if i >= layers]
-    if outside:
-        raise ValueError(f"recipe key `harmonic.hedgehog_layers`: the model has layers 0-{layers - 1}, got {outside}")
+    """``feature_map`` for every layer, or one entry per layer when ``hedgehog_layers`` picks some
+    (``convert`` refuses indices past the model's layers before it builds anything)."""
     if not harmonic.hedgehog_layers:
         return harmonic.feature_map
     return ["hedgehog" if i in harmonic.hedgehog_layers else harmonic.feature_map for i in range(layers)]

@@ -417,6 +417,10 @@ def test_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path
     with pytest.raises(ValueError, match=r"`phase2.refit_layers`: the model has layers 0-1, got \[2\]"):
         convert(recipe, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    recipe = load_recipe("tiny", FAST + ["harmonic.hedgehog_layers=[1, 3]"])
+    with pytest.raises(ValueError, match=r"`harmonic.hedgehog_layers`: the model has layers 0-1, got \[3\]"):
+        convert(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_focus_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):
