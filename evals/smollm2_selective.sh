@@ -24,8 +24,10 @@
 #     (48.5 min; LAMBADA of that export in the results' before-refit/), then `hallamonic convert smollm2-135m -o
 #     outputs/smollm2-refit --resume` with the same two --sets as below (phases restored, the refit run: 9.7 min), then the evals
 #   the recipe under bf16 autocast with 125 phase-2 steps (49.6 min): NAME=converted-bf16 bash evals/smollm2_selective.sh \
-#     outputs/smollm2-bf16 evals/results/smollm2-135m-hallamonic-bf16 --set phase2.steps=125; the recipe now (220 steps) was
-#     measured from that run's focus: see evals/results/smollm2-135m-hallamonic-bf16/README.md
+#     outputs/smollm2-bf16 evals/results/smollm2-135m-hallamonic-bf16 --set phase2.steps=125 --set 'harmonic.hedgehog_layers=[]' \
+#     --set phase2.refit_steps=1500; with 220 phase-2 steps (measured from that run's focus): evals/results/smollm2-135m-hallamonic-bf16/README.md
+#   the recipe now (Hedgehog block in layer 23, 170 phase-2 steps, 1,200 refit steps; 55.9 min fresh; its --sets are now the defaults):
+#     NAME=converted-hedgehog23 bash evals/smollm2_selective.sh outputs/smollm2-hh23 evals/results/smollm2-135m-hallamonic-hedgehog23
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
