@@ -19,8 +19,7 @@ import time
 import torch
 
 from hallamonic.evaluation.passkey import evaluate_passkey
-from hallamonic.loading import load_causal_lm, smollm2_gguf_path
-from swap import HERE, BlockAsAttention, parse_layers
+from swap import HERE, parse_layers, swappable_teacher
 
 
 def main() -> None:
@@ -31,15 +30,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
-    student, _ = load_causal_lm(args.converted)
-    attentions = [layer.self_attn for layer in teacher.model.layers]
-    blocks = [BlockAsAttention(layer.mixer) for layer in student.model.layers]
+    teacher, tokenizer, _, swap = swappable_teacher(args.converted)
     lengths = [int(n) for n in args.lengths.split(",")]
     for spec in args.layers:
-        swapped = set(parse_layers(spec, len(attentions)))
-        for i, layer in enumerate(teacher.model.layers):
-            layer.self_attn = blocks[i] if i in swapped else attentions[i]
+        swap(set(parse_layers(spec, len(teacher.model.layers))))
         start = time.time()
         with torch.no_grad():
             result = evaluate_passkey(teacher, tokenizer, lengths, trials=args.trials, progress=False)

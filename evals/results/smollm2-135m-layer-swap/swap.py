@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hallamonic.convert.phases import BlockAsAttention  # noqa: F401 - the other scripts import it from here
+from hallamonic.convert.phases import BlockAsAttention
 from hallamonic.convert.pipeline import _transfer_probe
 from hallamonic.convert.recipe import load_recipe
 from hallamonic.evaluation.data import lambada_texts
@@ -53,6 +53,21 @@ def parse_layers(text: str, count: int) -> list[int]:
     return layers
 
 
+def swappable_teacher(converted: str):
+    """(teacher, tokenizer, converted model, swap): ``swap(layers)`` puts the converted model's
+    blocks into the teacher at ``layers`` and the teacher's own attention back everywhere else."""
+    teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
+    student, _ = load_causal_lm(converted)
+    attentions = [layer.self_attn for layer in teacher.model.layers]
+    blocks = [BlockAsAttention(layer.mixer) for layer in student.model.layers]
+
+    def swap(layers: set[int]) -> None:
+        for i, layer in enumerate(teacher.model.layers):
+            layer.self_attn = blocks[i] if i in layers else attentions[i]
+
+    return teacher, tokenizer, student, swap
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("converted")
@@ -60,15 +75,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=300)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
-    student, _ = load_causal_lm(args.converted)
-    attentions = [layer.self_attn for layer in teacher.model.layers]
-    blocks = [BlockAsAttention(layer.mixer) for layer in student.model.layers]
+    teacher, tokenizer, student, swap = swappable_teacher(args.converted)
     texts = lambada_texts(LAMBADA, args.limit)
     for spec in args.layers:
-        swapped = set(parse_layers(spec, len(attentions))) if spec != "converted" else set()
-        for i, layer in enumerate(teacher.model.layers):
-            layer.self_attn = blocks[i] if i in swapped else attentions[i]
+        swapped = set(parse_layers(spec, len(teacher.model.layers))) if spec != "converted" else set()
+        swap(swapped)
         start = time.time()
         with torch.no_grad():
             result = evaluate_lambada(student if spec == "converted" else teacher, tokenizer, texts, progress=False)
