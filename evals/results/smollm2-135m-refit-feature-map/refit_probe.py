@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import time
 from pathlib import Path
 
@@ -36,6 +35,8 @@ from hallamonic.convert.pipeline import _transfer_probe
 from hallamonic.convert.recipe import load_recipe
 from hallamonic.evaluation.runner import EvalOptions, evaluate_model, load_inputs
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
+from hallamonic.training.recipe import PhaseSection
+from hallamonic.training.trainer import learning_rate
 
 HERE = Path(__file__).parent
 SHARED = HERE / "../../../../shared/data"
@@ -70,13 +71,12 @@ def capture_pool(hybrid, seqs: torch.Tensor, layer: int) -> tuple[torch.Tensor, 
 def refit(block, x_all, y_all, steps: int, lr: float) -> list[float]:
     params = list(block.parameters())
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warm = max(steps // 10, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(  # warm-up, then cosine to 0.1 of the peak, like the recipe
-        opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
-    )
+    section = PhaseSection(steps=steps, lr=lr, warmup_steps=max(steps // 10, 1))  # the refit's schedule in the recipe
     g = torch.Generator().manual_seed(0)
     losses = []
     for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, section)
         idx = torch.randint(0, len(x_all), (BATCH,), generator=g)
         x, y = x_all[idx].float(), y_all[idx].float()  # (4, 512, hidden)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -86,7 +86,6 @@ def refit(block, x_all, y_all, steps: int, lr: float) -> list[float]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
         losses.append(loss.item())
         if step % 100 == 99:
             print(f"step {step + 1}: loss {np.mean(losses[-100:]):.4f}", flush=True)
