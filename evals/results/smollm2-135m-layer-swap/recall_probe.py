@@ -15,6 +15,7 @@ With --into CONVERTED_DIR each variant is also scored in that whole converted mo
 everywhere but LAYERS, the fresh ones there (the teacher with every layer swapped, as swap.py's "all").
 
 Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300] [--train-seqs 48] [--into DIR]
+       [--passkey 256,1024]
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). One line per
 variant goes to recall_probe.jsonl beside this file.
 """
@@ -32,6 +33,7 @@ import torch
 from hallamonic.convert.surgery import student_config
 from hallamonic.evaluation.data import lambada_texts
 from hallamonic.evaluation.lambada import evaluate_lambada
+from hallamonic.evaluation.passkey import evaluate_passkey
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 from hallamonic.modeling.modeling_hallamonic import HallamonicPreTrainedModel
 from hallamonic.training.packing import PackedBatches
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--train-seqs", type=int, default=TRAIN_SEQS, help="training sequences of 512 tokens, captured once")
+    parser.add_argument("--passkey", default="", help="also score the hybrid's passkey at these lengths (comma list, 10 trials)")
     parser.add_argument("--into", help="a converted model folder: also score it with the fresh blocks in LAYERS")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -93,6 +96,11 @@ def main() -> None:
             teacher.model.layers[i].self_attn = BlockAsAttention(blocks[i])
         with torch.no_grad():
             result = evaluate_lambada(teacher, tokenizer, texts, progress=False)
+            passkey = None
+            if args.passkey:
+                lengths = [int(n) for n in args.passkey.split(",")]
+                found = evaluate_passkey(teacher, tokenizer, lengths, trials=10, progress=False)
+                passkey = {"accuracy": found["accuracy"], "key_tokens": {k: round(v, 3) for k, v in found["key_tokens"].items()}}
         whole = None
         if converted is not None:  # every other layer: the converted model's own block
             for i, layer in enumerate(teacher.model.layers):
@@ -105,6 +113,7 @@ def main() -> None:
         row = {"layers": args.layers, "variant": variant, "steps": args.steps, "lr": args.lr,
                **({"train_seqs": args.train_seqs} if args.train_seqs != TRAIN_SEQS else {}),
                "lambada": {k: result[k] for k in ("accuracy", "perplexity", "n")}, "mse": mse,
+               **({"passkey": passkey} if passkey else {}),
                **({"into": args.into, "lambada_whole": {k: whole[k] for k in ("accuracy", "perplexity", "n")}} if whole else {}),
                "seconds": round(time.time() - start, 1)}
         print(json.dumps(row), flush=True)

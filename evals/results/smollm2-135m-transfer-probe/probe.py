@@ -113,7 +113,7 @@ def parse_variant(variant: str, harmonic):
     the block options among the keys replaced, and every key=value given (lr, steps stay strings)."""
     feature, normalise, *extra = variant.split("/")
     overrides = dict(e.split("=") for e in extra)
-    casts = {"hierarchy": lambda v: v == "true", "short_conv_size": int, "timescale_bands": json.loads}
+    casts = {"hierarchy": lambda v: v == "true", "error_signal": lambda v: v == "true", "short_conv_size": int, "timescale_bands": json.loads}
     harmonic = type(harmonic)(**{**harmonic.__dict__, **{k: casts[k](v) for k, v in overrides.items() if k in casts}})
     return feature, normalise, harmonic, overrides
 
