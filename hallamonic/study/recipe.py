@@ -51,6 +51,7 @@ class StudyModelSection:
     mamba_state_size: int = 16  # Mamba's SSM state per channel (N)
     mamba_expand: int = 2  # Mamba's inner width factor; its hidden size is fitted to match parameters
     param_tolerance: float = 0.05  # baselines must be within this fraction of the Harmonic parameter count
+    initializer_range: float | None = None  # std of every freshly drawn weight of all three models (null = each config's default: 0.02 Harmonic / Llama, 0.1 Mamba)
 
 
 @dataclass

@@ -44,3 +44,18 @@ def test_same_seed_same_weights_and_every_model_runs():
         a, b = arch.build(3), arch.build(3)
         assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
         assert a(input_ids=x, use_cache=False).logits.shape == (2, 40, 256)
+
+
+def test_the_recipes_initializer_range_scales_every_models_fresh_weights():
+    defaults = build_architectures(SHAPE, 256, ["harmonic", "transformer", "mamba"], 256)
+    assert defaults["harmonic"].config.initializer_range == 0.02  # null leaves each config's own default
+    assert defaults["mamba"].config.initializer_range == 0.1
+    wide = StudyModelSection(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=96, initializer_range=0.1)
+    archs = build_architectures(wide, 256, ["harmonic", "transformer", "mamba"], 256)
+    for name in ("harmonic", "transformer"):
+        assert archs[name].config.initializer_range == 0.1
+        assert archs[name].params == defaults[name].params  # a scale, not a shape
+        narrow, broad = defaults[name].build(0), archs[name].build(0)
+        embedding_std = lambda m: m.get_input_embeddings().weight.std().item()  # noqa: E731
+        assert embedding_std(broad) == pytest.approx(0.1, rel=0.1)
+        assert embedding_std(narrow) == pytest.approx(0.02, rel=0.1)

@@ -12,6 +12,10 @@ Variants (the feature map phi is applied to the write / read vectors per head):
   elu/den        - phi = elu + 1, read-out divided by the same scan over ones (normalised)
   hedgehog/den   - phi(x) = [softmax(Wx), softmax(-Wx)] per head, W learnable (identity init), normalised
   softmax/den    - phi(x) = softmax(Wx) only (N features, half of Hedgehog's), normalised
+  identity/delta - each level's state follows the gated delta rule instead of a decayed sum:
+                   S_t = a_t S_{t-1} + beta_t (u_t - a_t S_{t-1} k_t) k_t^T with k_t unit-norm and
+                   beta_t = sigmoid(w.x_t + c) per head (DeltaNet / Gated DeltaNet: a write replaces
+                   what the key held instead of adding to it); a plain loop over time, probe only
 
 Options after a third slash: hierarchy=false, short_conv_size=4, timescale_bands=[[1,64],...], lr=5e-3,
 steps=180 (e.g. identity/none/short_conv_size=4/lr=5e-3).
@@ -62,10 +66,14 @@ class ProbeBlock(HarmonicBlock):
             eye = torch.eye(n)
             self.fk = nn.Parameter(eye.repeat(config.num_key_value_heads, 1, 1))  # (Hkv, N, N)
             self.fq = nn.Parameter(eye.repeat(config.num_attention_heads, 1, 1))  # (H, N, N)
+        if normalise == "delta":  # per query head write strength of the delta rule
+            self.beta_proj = nn.Linear(config.hidden_size, config.num_attention_heads)
         if normalise == "rms":
             self.out_norm = nn.Parameter(torch.ones(config.num_attention_heads * config.head_dim))
 
     def forward(self, x, state=None, mask=None):
+        if self.normalise == "delta":
+            self._beta = torch.sigmoid(self.beta_proj(x).float())  # (B, L, H)
         y, state = super().forward(x, state, mask)
         if hasattr(self, "sink_gate"):
             sink = torch.sigmoid(self.sink_gate(x)).unsqueeze(-1) * self.sink_value  # (B, L, H, P)
@@ -91,6 +99,8 @@ class ProbeBlock(HarmonicBlock):
         return k, q * k.shape[-1] ** -0.5
 
     def _level(self, log_a, level_input, maps, state, mask):
+        if self.normalise == "delta":
+            return self._delta_level(log_a, level_input, maps)
         log_a = log_a.clamp_min(-3.0)
         rate = -torch.expm1(log_a)
         b = rate * level_input.float()
@@ -106,6 +116,69 @@ class ProbeBlock(HarmonicBlock):
             y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
             y = y * split(self.out_norm.view(1, 1, -1).expand(B, L, -1)).float()
         return y.reshape(B, L, W), new
+
+
+    def _delta_level(self, log_a, level_input, maps):
+        B, L, W = level_input.shape
+        P = self.head_dim
+        u = level_input.float().view(B, L, W // P, P)  # (B, L, H, P)
+        a = log_a.clamp_min(-3.0).exp().view(B, L, W // P, P)  # (B, L, H, P) decay per value channel
+        write, read = maps  # (B, L, H, N) each
+        k = F.normalize(write, dim=-1)
+        head_log_a = log_a.clamp_min(-3.0).view(B, L, W // P, P).mean(-1)  # (B, L, H): one decay per head
+        return delta_rule_chunked(u, head_log_a, k, read, self._beta)
+
+
+def delta_rule(u, a, k, q, beta):
+    """Gated delta rule, a plain loop over time (the readable reference; no fast path).
+    u, a: (B, L, H, P); k (unit rows), q: (B, L, H, N); beta: (B, L, H) -> y (B, L, H*P), final state."""
+    B, L, H, P = u.shape
+    S = u.new_zeros(B, H, P, k.shape[-1])  # (B, H, P, N)
+    ys = []
+    for t in range(L):
+        S = S * a[:, t, :, :, None]  # decay each value channel's row
+        miss = u[:, t] - torch.einsum("bhpn,bhn->bhp", S, k[:, t])  # what the key does not yet return: (B, H, P)
+        S = S + (beta[:, t, :, None] * miss)[..., None] * k[:, t, :, None, :]  # (B, H, P, N)
+        ys.append(torch.einsum("bhpn,bhn->bhp", S, q[:, t]))
+    return torch.stack(ys, 1).reshape(B, L, H * P), S.reshape(B, H * P, -1)
+
+
+def delta_rule_chunked(u, log_a, k, q, beta, chunk: int = 64):
+    """The gated delta rule with ONE decay per head (Gated DeltaNet), in chunks: within a chunk the
+    writes' corrections solve a unit lower-triangular system (the WY form), between chunks the
+    (B, H, N, P) state is carried. Equals ``delta_rule`` with a broadcast over P (tested in
+    place). u: (B, L, H, P); log_a, beta: (B, L, H); k (unit rows), q: (B, L, H, N)."""
+    B, L, H, P = u.shape
+    N = k.shape[-1]
+    pad = (-L) % chunk
+    if pad:  # padded tokens: no decay, no write, outputs dropped
+        u, k, q = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (u, k, q))
+        log_a, beta = (F.pad(t, (0, 0, 0, pad)) for t in (log_a, beta))
+    n = u.shape[1] // chunk
+    to_chunks = lambda t: t.reshape(B, n, chunk, H, -1).transpose(2, 3)  # noqa: E731 - (B, n, H, C, *)
+    u, k, q = to_chunks(u), to_chunks(k), to_chunks(q)
+    G = to_chunks(log_a.unsqueeze(-1)).squeeze(-1).cumsum(-1)  # (B, n, H, C) cumulative log decay
+    b = to_chunks(beta.unsqueeze(-1)).squeeze(-1)  # (B, n, H, C)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=u.device).tril()
+    ratio = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()  # (B, n, H, C, C) gamma_t / gamma_s, s <= t
+    kk = k @ k.transpose(-1, -2)  # (B, n, H, C, C)
+    A = (b.unsqueeze(-1) * ratio * kk).masked_fill(causal.diag().diag_embed() | ~causal, 0.0)  # strictly lower
+    eye = torch.eye(chunk, dtype=u.dtype, device=u.device)
+    rhs = torch.cat([b.unsqueeze(-1) * u, (b * G.exp()).unsqueeze(-1) * k], dim=-1)  # (B, n, H, C, P+N)
+    solved = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+    W, Kc = solved[..., :P], solved[..., P:]  # E = W - Kc M0
+    qk = (q @ k.transpose(-1, -2)) * ratio  # (B, n, H, C, C)
+    decay_q = G.exp().unsqueeze(-1) * q  # (B, n, H, C, N)
+    last = G[..., -1:]  # (B, n, H, 1)
+    decay_k = (last - G).exp().unsqueeze(-1) * k  # (B, n, H, C, N)
+    M = u.new_zeros(B, H, N, P)
+    outs = []
+    for c in range(n):
+        E = W[:, c] - Kc[:, c] @ M  # (B, H, C, P) the corrected writes
+        outs.append(decay_q[:, c] @ M + qk[:, c] @ E)  # (B, H, C, P)
+        M = last[:, c].exp().unsqueeze(-1) * M + decay_k[:, c].transpose(-1, -2) @ E
+    y = torch.stack(outs, 1).transpose(2, 3).reshape(B, n * chunk, H * P)[:, :L]
+    return y, M.transpose(-1, -2).reshape(B, H * P, N)
 
 
 def parse_variant(variant: str, harmonic):

@@ -5,7 +5,12 @@ instead of every head spreading its channels over the band; GATE_BIAS_SCALE=s st
 timescale bias as s * raw, so Adam moves the band edges s times faster (learnable band edges);
 PER_STATE_DECAY=r gives every state n of a channel its own decay, log a_pn = r_n log a_p with r_n
 log-spaced over [1/r, r] (Mamba spreads its A over the states the same way); it runs through the
-diagonal scan with the (B, L, D, N) state sequence materialised (fine at this size only)."""
+diagonal scan with the (B, L, D, N) state sequence materialised (fine at this size only).
+STREAM_SILU=v|all passes the short conv's output through SiLU (v only, or v, k and q), as Mamba
+does after its conv (needs the config flag short_conv_size > 0); HEAD_NORM=1 RMS-normalises each
+head's mixer output before o_proj (no weight: o_proj absorbs the scale), as GLA / RetNet /
+Mamba-2 do. ARCH=transformer|mamba trains that baseline (fitted to Harmonic's parameter count
+as the study does) with the flags set on its config instead."""
 import os
 
 import torch
@@ -65,6 +70,33 @@ if os.environ.get("PER_STATE_DECAY"):
         y = (h.view(batch, length, heads, self.head_dim, n) * read.unsqueeze(3)).sum(-1)  # (B, L, H, P)
         return y.reshape(batch, length, width), h[:, -1].view(batch, width, n)
     MH.HarmonicBlock._level = _level
+if os.environ.get("STREAM_SILU"):
+    _conv_forward = MH.ShortConv.forward
+    def conv_forward(self, v, tail):
+        out, new_tail = _conv_forward(self, v, tail)
+        if os.environ["STREAM_SILU"] == "all":
+            return torch.nn.functional.silu(out), new_tail
+        width = out.shape[-1] - getattr(self, "_kq_width", 0)
+        return torch.cat([torch.nn.functional.silu(out[..., :width]), out[..., width:]], dim=-1), new_tail
+    MH.ShortConv.forward = conv_forward
+    _block_init = MH.HarmonicBlock.__init__
+    def block_init(self, config, layer_idx=0):
+        _block_init(self, config, layer_idx)
+        if self.short_conv is not None:
+            self.short_conv._kq_width = sum(self.conv_widths[1:])
+    MH.HarmonicBlock.__init__ = block_init
+if os.environ.get("HEAD_NORM"):
+    _block_init2 = MH.HarmonicBlock.__init__
+    def block_init2(self, config, layer_idx=0):
+        _block_init2(self, config, layer_idx)
+        head_dim, eps = self.head_dim, config.rms_norm_eps
+        def head_norm(module, args):
+            (x,) = args
+            heads = x.view(*x.shape[:-1], -1, head_dim)  # (B, L, H, P)
+            heads = heads * torch.rsqrt(heads.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+            return (heads.reshape(x.shape),)
+        self.o_proj.register_forward_pre_hook(head_norm)
+    MH.HarmonicBlock.__init__ = block_init2
 import json, sys, dataclasses
 from pathlib import Path
 import torch
@@ -79,7 +111,11 @@ shape = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}   # recipe override
 ctx = int(sys.argv[4]) if len(sys.argv) > 4 else 256
 recipe = load_study_recipe("study-enwik8-cpu", [f"{k}={v}" for k, v in shape.items()])
 corpus = load_study_corpus(recipe.data)
-config = harmonic_config(recipe.model, corpus.vocab_size)
+if os.environ.get("ARCH"):  # a baseline (transformer / mamba) fitted to Harmonic's count as the study does
+    from hallamonic.study.models import build_architectures
+    config = build_architectures(recipe.model, corpus.vocab_size, [os.environ["ARCH"]], ctx)[os.environ["ARCH"]].config
+else:
+    config = harmonic_config(recipe.model, corpus.vocab_size)
 for k, v in flags.items():
     setattr(config, k, v)
 arch = Architecture(name, config, count_parameters(config))
@@ -87,4 +123,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
