@@ -49,6 +49,7 @@ class HarmonicSection:
     state_size: int | None = None  # numbers per channel per level: null = the teacher's head_dim (k/q start the maps); 1 = diagonal
     feature_map: str = "identity"  # identity (q.k linear attention) | hedgehog (softmax features, normalised read-out)
     hedgehog_layers: list = field(default_factory=list)  # layers whose blocks use hedgehog whatever feature_map says
+    update_rule: str = "sum"  # sum (decayed linear attention) | delta (gated delta rule: writes overwrite along unit keys; Hedgehog layers keep sum)
     recompute_mixer: bool = False  # recompute each block in backward instead of storing its activations
     init_from_attention: bool = True  # v_proj / o_proj from the teacher's attention
     calibrate_norms: bool = True  # fit level-input norms and the output scale on real text
@@ -123,6 +124,7 @@ class Recipe:
 CHOICES = {
     "base.dtype": {"float32", "bfloat16"},
     "harmonic.feature_map": {"identity", "hedgehog"},
+    "harmonic.update_rule": {"sum", "delta"},
     "phase1.schedule": {"cosine", "linear", "constant"},
     "phase2.schedule": {"cosine", "linear", "constant"},
     "train.mixed_precision": {"auto", "no", "bf16", "fp16"},
@@ -186,6 +188,8 @@ def _validate(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key `harmonic.state_size` must be > 0 or null (= the teacher's head_dim), got {state_size!r}")
     if recipe.harmonic.feature_map != "identity" and state_size == 1:
         raise RecipeError(f"recipe key `harmonic.feature_map: {recipe.harmonic.feature_map}` needs the expanded state (`harmonic.state_size` null or > 1)")
+    if recipe.harmonic.update_rule != "sum" and state_size == 1:
+        raise RecipeError(f"recipe key `harmonic.update_rule: {recipe.harmonic.update_rule}` needs the expanded state (`harmonic.state_size` null or > 1)")
     if recipe.harmonic.hedgehog_layers and state_size == 1:
         raise RecipeError("recipe key `harmonic.hedgehog_layers` needs the expanded state (`harmonic.state_size` null or > 1)")
     bands = recipe.harmonic.timescale_bands

@@ -61,6 +61,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         short_conv_size=harmonic.short_conv_size,
         state_size=harmonic.state_size or head_dim,
         feature_map=_feature_maps(harmonic, tc.num_hidden_layers),
+        update_rule=harmonic.update_rule,
         recompute_mixer=harmonic.recompute_mixer,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
         bos_token_id=tc.bos_token_id,

@@ -11,6 +11,7 @@ from transformers import PreTrainedConfig
 
 DEFAULT_TIMESCALE_BANDS = ((1.0, 16.0), (16.0, 256.0), (256.0, 4096.0))
 FEATURE_MAPS = ("identity", "hedgehog")  # how the expanded state scores write against read vectors
+UPDATE_RULES = ("sum", "delta")  # how an expanded level writes: add to its state, or overwrite (delta rule)
 
 
 class HallamonicConfig(PreTrainedConfig):
@@ -53,6 +54,13 @@ class HallamonicConfig(PreTrainedConfig):
             numerator and a denominator per value channel). Only with ``state_size`` > 1. A list
             with one entry per layer sets each layer's map: a few layers that must recall can use
             Hedgehog while the rest keep the cheaper identity (``layer_feature_map``).
+        update_rule: how the levels of an expanded block (identity features) write. ``"sum"`` (the
+            default): S_t = a_t S_{t-1} + (1 - a_t) u_t k_t^T, a decayed sum. ``"delta"``: the gated
+            delta rule S_t = a_t S_{t-1} + beta_t (u_t - a_t S_{t-1} k_t) k_t^T with unit-norm k_t,
+            a write strength beta_t = sigmoid(``write_strength``(x_t)) per head and one decay per
+            head (the mean of its channels' log a): a write replaces what the state returned for
+            k_t, so a key written again returns its new value instead of a blur of both. Layers
+            with Hedgehog features keep the sum. Only with ``state_size`` > 1.
         recompute_mixer: in training, keep only each block's input and recompute the block in the
             backward pass (activation checkpointing of the mixer): training memory per token drops to
             a few hidden-size vectors per layer for about one extra mixer forward.
@@ -91,6 +99,7 @@ class HallamonicConfig(PreTrainedConfig):
         short_conv_size: int = 0,
         state_size: int = 1,
         feature_map: str | list[str] = "identity",
+        update_rule: str = "sum",
         recompute_mixer: bool = False,
         forward_chunk_size: int = 0,
         base_model_name_or_path: str | None = None,
@@ -125,6 +134,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.short_conv_size = short_conv_size
         self.state_size = state_size
         self.feature_map = list(feature_map) if isinstance(feature_map, (list, tuple)) else feature_map
+        self.update_rule = update_rule
         self.recompute_mixer = recompute_mixer
         self.forward_chunk_size = forward_chunk_size
         self.base_model_name_or_path = base_model_name_or_path
@@ -143,6 +153,10 @@ class HallamonicConfig(PreTrainedConfig):
     def layer_feature_map(self, layer_idx: int) -> str:
         """The feature map of one layer's block: ``feature_map`` itself, or its entry for that layer."""
         return self.feature_map[layer_idx] if isinstance(self.feature_map, list) else self.feature_map
+
+    def layer_update_rule(self, layer_idx: int) -> str:
+        """How one layer's levels write: ``update_rule``, except that Hedgehog layers keep the sum."""
+        return "sum" if self.layer_feature_map(layer_idx) == "hedgehog" else self.update_rule
 
     @property
     def state_width(self) -> int:
@@ -188,6 +202,10 @@ class HallamonicConfig(PreTrainedConfig):
                 raise ValueError(
                     f"HallamonicConfig: `feature_map` {feature_map!r} needs the expanded state (`state_size` > 1)"
                 )
+        if self.update_rule not in UPDATE_RULES:
+            raise ValueError(f"HallamonicConfig: `update_rule` must be one of {UPDATE_RULES}, got {self.update_rule!r}")
+        if self.update_rule != "sum" and self.state_size == 1:
+            raise ValueError(f"HallamonicConfig: `update_rule` {self.update_rule!r} needs the expanded state (`state_size` > 1)")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if len(self.timescale_bands) < 1:

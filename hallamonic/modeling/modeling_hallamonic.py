@@ -18,6 +18,11 @@ where k_t = state_write(x_t) and q_t = state_read(x_t) are shared by the levels;
 place everywhere above (predictors, errors, the sum into o_proj). The current token thereby chooses
 what to store and what to retrieve (``hallamonic_selective_scan.py``).
 
+With ``update_rule="delta"`` those levels overwrite instead of adding (the gated delta rule,
+``hallamonic_delta_scan.py``): S_l(t) = a_l(t) S_l(t-1) + beta_t (u_l(t) - a_l(t) S_l(t-1) k_t) k_t^T
+with unit-norm k_t, a write strength beta_t = sigmoid(write_strength(x_t)) per head and one decay
+per head (the mean of its channels' log a), so a key written again returns its new value.
+
 With ``feature_map="hedgehog"`` (in every layer, or per layer) both vectors pass Hedgehog's map
 phi(x) = [softmax(W x), softmax(-W x)] (per head, W learnable from the identity) and each level's
 read-out is divided by the same recurrence run over ones: y_l(t) = sum_s w_ts u_l(s) / sum_s w_ts
@@ -49,6 +54,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_hallamonic import HallamonicConfig
+from .hallamonic_delta_scan import delta_scan, delta_step
 from .hallamonic_scan import scan, scan_step
 from .hallamonic_selective_scan import MAX_DECAY_RATE, selective_scan, selective_step
 
@@ -108,6 +114,14 @@ class StateMap(nn.Linear):
 
     From scratch its weights start at std 1/sqrt(hidden), so on a unit-RMS input every entry of
     k_t and q_t has unit variance and q_t . k_s / sqrt(N) starts O(1), like attention's scores.
+    """
+
+
+class WriteStrength(nn.Linear):
+    """beta_t = sigmoid(W x_t + c), one write strength per head for the delta rule.
+
+    Starts data-independent at beta = 1/2 (W = 0, c = 0): every write moves the state halfway to
+    the new value along its key, and training makes the strength depend on the token.
     """
 
 
@@ -237,6 +251,9 @@ class HarmonicBlock(nn.Module):
             self.state_write = StateMap(config.hidden_size, config.num_key_value_heads * config.state_size, bias=config.value_bias)
             self.state_read = StateMap(config.hidden_size, config.num_attention_heads * config.state_size, bias=config.value_bias)
         self.normalised = config.layer_feature_map(layer_idx) == "hedgehog"
+        self.delta = config.layer_update_rule(layer_idx) == "delta"
+        if self.delta:
+            self.write_strength = WriteStrength(config.hidden_size, config.num_attention_heads)
         if self.normalised:
             self.write_features = HedgehogFeatureMap(config.num_key_value_heads, config.state_size)
             self.read_features = HedgehogFeatureMap(config.num_attention_heads, config.state_size)
@@ -296,6 +313,11 @@ class HarmonicBlock(nn.Module):
             streams = list(joined.split(self.conv_widths, dim=-1))
         below = self._repeat_kv(streams[0])  # h_0 = v: (B, L, D)
         maps = self._state_maps(streams[1], streams[2]) if self.state_size > 1 else None
+        if self.delta:
+            beta = torch.sigmoid(self.write_strength(x).float())  # (B, L, H)
+            if mask is not None:  # padding writes nothing
+                beta = beta * mask.unsqueeze(-1)
+            maps = (*maps, beta)
         level_input = below
         total = None
         finals = []
@@ -336,6 +358,8 @@ class HarmonicBlock(nn.Module):
             write, read = self.write_features(write), self.read_features(read)  # (B, L, *, 2N)
         else:
             read = read * self.state_size**-0.5
+        if self.delta:  # the delta rule overwrites along unit keys
+            write = F.normalize(write, dim=-1)
         features = write.shape[-1]
         write = write.unsqueeze(3).expand(-1, -1, -1, self.kv_groups, -1).reshape(batch, length, -1, features)
         return write, read
@@ -347,6 +371,8 @@ class HarmonicBlock(nn.Module):
             log_a = log_a.clamp_min(-MAX_DECAY_RATE)  # the chunked path's range (a >= 0.05)
         if mask is not None:  # padding: a = 1, b = 0, the state passes through unchanged
             log_a = torch.where(mask.unsqueeze(-1), log_a, torch.zeros_like(log_a))
+        if self.delta:
+            return self._delta_level(log_a, level_input, maps, state)
         rate = -torch.expm1(log_a)  # 1 - a, exact for a near 1 (0 at padding): (B, L, D)
         b = rate * level_input.float()  # (B, L, D)
         if maps is None:  # state_size 1: h itself is the output
@@ -372,6 +398,23 @@ class HarmonicBlock(nn.Module):
         if self.normalised:  # numerator / denominator: a weighted average of the level's inputs
             y = y[..., : self.head_dim] / y[..., self.head_dim :].clamp_min(DENOMINATOR_FLOOR)
         return y.reshape(batch, length, width), new.reshape(batch, heads * rows, self.features)
+
+    def _delta_level(self, log_a, level_input, maps, state) -> tuple[torch.Tensor, torch.Tensor]:
+        """One level under the gated delta rule: (B, L, D) fp32 outputs and (B, D, N) final state."""
+        batch, length, width = level_input.shape
+        heads = width // self.head_dim
+        write, read, beta = maps  # (B, L, H, N) unit rows, (B, L, H, N), (B, L, H)
+        head_log_a = log_a.view(batch, length, heads, self.head_dim).mean(-1)  # (B, L, H): one decay per head
+        values = level_input.float().view(batch, length, heads, self.head_dim)  # (B, L, H, P)
+        prev = state.view(batch, heads, self.head_dim, self.state_size) if state is not None else None
+        if length == 1:  # one generated token
+            if prev is None:
+                prev = values.new_zeros(batch, heads, self.head_dim, self.state_size)
+            new, y = delta_step(values[:, 0], head_log_a[:, 0], write[:, 0], read[:, 0], beta[:, 0], prev)
+            y = y.unsqueeze(1)
+        else:
+            y, new = delta_scan(values, head_log_a, write, read, beta, prev)  # (B, L, H, P), (B, H, P, N)
+        return y.reshape(batch, length, width), new.reshape(batch, width, self.state_size)
 
     # ---- initialisation from the attention this block replaces ----------------------------
     @torch.no_grad()
@@ -465,6 +508,9 @@ class HallamonicPreTrainedModel(PreTrainedModel):
             init.copy_(module.bias, module.timescale_bias())
         elif isinstance(module, HedgehogFeatureMap):
             init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
+        elif isinstance(module, WriteStrength):
+            init.zeros_(module.weight)
+            init.zeros_(module.bias)
         elif isinstance(module, StateMap):
             init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
             if module.bias is not None:

@@ -133,3 +133,17 @@ def test_hedgehog_layers_give_those_blocks_hedgehog_and_the_rest_the_recipes_map
     assert not first.normalised and not hasattr(first, "write_features")
     assert second.normalised and second.features == 2 * student.config.state_size
     assert torch.equal(second.state_read.weight, teacher.model.layers[1].self_attn.q_proj.weight)
+
+
+def test_delta_rule_blocks_start_from_the_teachers_queries_and_keys_with_half_strength_writes():
+    teacher = build_tiny_llama(300, tie_word_embeddings=False)
+    student = build_student(teacher, HarmonicSection(update_rule="delta", hedgehog_layers=[1]))
+    assert student.config.update_rule == "delta"
+    first, second = (layer.mixer for layer in student.model.layers)
+    assert first.delta and not second.delta  # the Hedgehog layer keeps the sum
+    attention = teacher.model.layers[0].self_attn
+    assert torch.equal(first.state_write.weight, attention.k_proj.weight)
+    assert torch.equal(first.state_read.weight, attention.q_proj.weight)
+    assert not first.write_strength.weight.any() and not first.write_strength.bias.any()  # beta = 1/2, data-independent
+    ids = torch.randint(0, 300, (2, 19))
+    assert torch.isfinite(student(ids).logits).all()

@@ -42,17 +42,23 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
     scope="module",
     params=[
         (0, 1, "identity"), (4, 1, "identity"), (0, 8, "identity"), (4, 8, "identity"), (0, 8, "hedgehog"),
-        (4, 8, "hedgehog"), (4, 8, ["hedgehog", "identity"]),
+        (4, 8, "hedgehog"), (4, 8, ["hedgehog", "identity"]), (0, 8, "identity", "delta"), (4, 8, ["hedgehog", "identity"], "delta"),
     ],
-    ids=["plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps"],
+    ids=[
+        "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
+        "delta", "delta-short-conv-beside-hedgehog",
+    ],
 )
 def model(request) -> HallamonicForCausalLM:
     """Every state test runs without and with the short conv (whose inputs are carried state too),
     with the diagonal state (N = 1), the expanded selective one (N = head_dim = 8), that one with
     Hedgehog features and a normalised read-out (numerator and denominator states), and a model whose
-    layers differ (Hedgehog in one, identity in the other: states of two shapes in one cache)."""
-    short_conv_size, state_size, feature_map = request.param
-    return stateful_model(short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map)
+    layers differ (Hedgehog in one, identity in the other: states of two shapes in one cache), and
+    the delta rule's levels (alone, and in a layer beside a Hedgehog one that keeps the sum)."""
+    short_conv_size, state_size, feature_map, *rule = request.param
+    return stateful_model(
+        short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map, update_rule=rule[0] if rule else "sum"
+    )
 
 
 def test_state_drives_the_logits(model):
@@ -159,10 +165,12 @@ def test_cache_size_is_constant_in_generated_length(model):
     assert short == long == expected
 
 
-@pytest.mark.parametrize("state_size, feature_map", [(1, "identity"), (8, "identity"), (8, "hedgehog")])
+@pytest.mark.parametrize(
+    "state_size, feature_map, update_rule", [(1, "identity", "sum"), (8, "identity", "sum"), (8, "hedgehog", "sum"), (8, "identity", "delta")]
+)
 @pytest.mark.parametrize("short_conv_size", [0, 4])
-def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size, feature_map):
-    model = stateful_model(short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map).train()
+def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size, feature_map, update_rule):
+    model = stateful_model(short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map, update_rule=update_rule).train()
     ids = torch.randint(0, 97, (2, 45))
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
@@ -380,8 +388,10 @@ def test_hedgehog_needs_the_expanded_state():
         tiny_config(state_size=8, feature_map=["hedgehog", "softmax"])
 
 
-@pytest.mark.parametrize("state_size, feature_map", [(1, "identity"), (8, "identity"), (8, "hedgehog")])
-def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_size, feature_map):
+@pytest.mark.parametrize(
+    "state_size, feature_map, update_rule", [(1, "identity", "sum"), (8, "identity", "sum"), (8, "hedgehog", "sum"), (8, "identity", "delta")]
+)
+def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_size, feature_map, update_rule):
     """recompute_mixer (segment by segment, state carried) is a memory trade, not a different model."""
     from hallamonic.modeling import modeling_hallamonic
 
@@ -389,7 +399,9 @@ def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_s
     ids = torch.randint(0, 97, (2, 45))
     grads = []
     for recompute in (False, True):
-        model = stateful_model(state_size=state_size, feature_map=feature_map, short_conv_size=4, recompute_mixer=recompute).train()
+        model = stateful_model(
+            state_size=state_size, feature_map=feature_map, update_rule=update_rule, short_conv_size=4, recompute_mixer=recompute
+        ).train()
         loss = model(ids, labels=ids).loss
         loss.backward()
         grads.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
@@ -398,3 +410,36 @@ def test_recomputed_mixer_gives_the_same_loss_and_gradients(monkeypatch, state_s
     assert grad_a.keys() == grad_b.keys()
     for name in grad_a:
         torch.testing.assert_close(grad_b[name], grad_a[name], atol=1e-4, rtol=1e-4)
+
+
+def test_delta_rule_block_overwrites_along_its_own_keys():
+    """One level at a fixed timescale: the block equals the gated delta rule written out token by
+    token over its own projections (unit keys, beta = 1/2 at initialisation, one decay per head)."""
+    torch.manual_seed(0)
+    config = tiny_config(state_size=8, timescale_bands=[[4.0, 4.0]], update_rule="delta")
+    block = HallamonicForCausalLM(config).model.layers[0].mixer
+    x = torch.randn(2, 11, 32)
+    with torch.no_grad():
+        got = block(x)[0]
+        v = block.value_stream(x).view(2, 11, 4, 8)  # (B, L, H, P)
+        k = block.state_write(x).view(2, 11, 2, 1, 8).expand(-1, -1, -1, 2, -1).reshape(2, 11, 4, 8)
+        k = torch.nn.functional.normalize(k, dim=-1)
+        q = block.state_read(x).view(2, 11, 4, 8) / math.sqrt(8)
+        a, beta = math.exp(-1 / 4), 0.5
+        state = torch.zeros(2, 4, 8, 8)  # (B, H, P, N)
+        outputs = []
+        for t in range(11):
+            decayed = a * state
+            state = decayed + beta * (v[:, t] - torch.einsum("bhpn,bhn->bhp", decayed, k[:, t])).unsqueeze(-1) * k[:, t].unsqueeze(2)
+            outputs.append(torch.einsum("bhpn,bhn->bhp", state, q[:, t]))
+        want = block.o_proj(torch.stack(outputs, 1).reshape(2, 11, 32))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_delta_rule_needs_the_expanded_state():
+    with pytest.raises(ValueError, match="update_rule"):
+        tiny_config(state_size=1, update_rule="delta")
+    with pytest.raises(ValueError, match="update_rule"):
+        tiny_config(state_size=8, update_rule="replace")
+    config = tiny_config(state_size=8, update_rule="delta", feature_map=["hedgehog", "identity"])
+    assert [config.layer_update_rule(i) for i in range(2)] == ["sum", "delta"]  # Hedgehog layers keep the sum

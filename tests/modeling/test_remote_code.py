@@ -21,6 +21,7 @@ REMOTE_FILES = {
     "hallamonic_scan_triton.py",
     "hallamonic_selective_scan.py",
     "hallamonic_selective_scan_triton.py",
+    "hallamonic_delta_scan.py",
 }
 
 # Runs in a clean interpreter where `hallamonic` cannot be imported (see tests/conftest.py).
@@ -44,15 +45,15 @@ json.dump(result, open(out_path, "w"))
 
 @pytest.fixture(
     scope="module",
-    params=[(1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"])],
-    ids=["diagonal", "selective", "hedgehog", "per-layer-maps"],
+    params=[(1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"]), (8, "identity", "delta")],
+    ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta"],
 )
 def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
     torch.manual_seed(0)
     config = HallamonicConfig(
         vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, tie_word_embeddings=True, output_gate=True, state_size=request.param[0],
-        feature_map=request.param[1],
+        feature_map=request.param[1], update_rule=request.param[2] if len(request.param) > 2 else "sum",
     )
     model = HallamonicForCausalLM(config).eval()
     with torch.no_grad():

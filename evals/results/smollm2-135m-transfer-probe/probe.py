@@ -15,7 +15,9 @@ Variants (the feature map phi is applied to the write / read vectors per head):
   identity/delta - each level's state follows the gated delta rule instead of a decayed sum:
                    S_t = a_t S_{t-1} + beta_t (u_t - a_t S_{t-1} k_t) k_t^T with k_t unit-norm and
                    beta_t = sigmoid(w.x_t + c) per head (DeltaNet / Gated DeltaNet: a write replaces
-                   what the key held instead of adding to it); a plain loop over time, probe only
+                   what the key held instead of adding to it); one decay per head (the mean of its
+                   channels' log a), chunked (WY form) with a plain-loop twin, probe only
+  identity/headdecay - the delta variant's control: today's decayed sum with that one decay per head
 
 Options after a third slash: hierarchy=false, short_conv_size=4, timescale_bands=[[1,64],...], lr=5e-3,
 steps=180 (e.g. identity/none/short_conv_size=4/lr=5e-3).
@@ -101,6 +103,8 @@ class ProbeBlock(HarmonicBlock):
     def _level(self, log_a, level_input, maps, state, mask):
         if self.normalise == "delta":
             return self._delta_level(log_a, level_input, maps)
+        if self.normalise == "headdecay":  # the delta variant's control: its one decay per head, a plain sum
+            log_a = log_a.view(*log_a.shape[:2], -1, self.head_dim).mean(-1, keepdim=True).expand(-1, -1, -1, self.head_dim).reshape(log_a.shape)
         log_a = log_a.clamp_min(-3.0)
         rate = -torch.expm1(log_a)
         b = rate * level_input.float()

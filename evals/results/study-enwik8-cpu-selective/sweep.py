@@ -10,7 +10,9 @@ STREAM_SILU=v|all passes the short conv's output through SiLU (v only, or v, k a
 does after its conv (needs the config flag short_conv_size > 0); HEAD_NORM=1 RMS-normalises each
 head's mixer output before o_proj (no weight: o_proj absorbs the scale), as GLA / RetNet /
 Mamba-2 do. ARCH=transformer|mamba trains that baseline (fitted to Harmonic's parameter count
-as the study does) with the flags set on its config instead."""
+as the study does) with the flags set on its config instead. DELTA=1 replaces every level's
+decayed sum with the gated delta rule of ../smollm2-135m-transfer-probe/probe.py (unit-norm write
+vectors, beta = sigmoid(w.x + c) per head, one decay per head: the mean of the head's log a)."""
 import os
 
 import torch
@@ -97,6 +99,29 @@ if os.environ.get("HEAD_NORM"):
             return (heads.reshape(x.shape),)
         self.o_proj.register_forward_pre_hook(head_norm)
     MH.HarmonicBlock.__init__ = block_init2
+if os.environ.get("DELTA"):  # every level's state follows the gated delta rule (one decay per head)
+    import sys as _sys
+    from pathlib import Path as _Path
+    _sys.path.insert(0, str(_Path(__file__).resolve().parents[1] / "smollm2-135m-transfer-probe"))
+    from probe import delta_rule_chunked
+    _block_init3 = MH.HarmonicBlock.__init__
+    def block_init3(self, config, layer_idx=0):
+        _block_init3(self, config, layer_idx)
+        self.beta_proj = torch.nn.Linear(config.hidden_size, config.num_attention_heads)
+    MH.HarmonicBlock.__init__ = block_init3
+    _block_forward = MH.HarmonicBlock.forward
+    def block_forward(self, x, state=None, mask=None):
+        self._beta = torch.sigmoid(self.beta_proj(x).float())  # (B, L, H)
+        return _block_forward(self, x, state, mask)
+    MH.HarmonicBlock.forward = block_forward
+    def delta_level(self, log_a, level_input, maps, state, mask):
+        batch, length, width = level_input.shape
+        heads = width // self.head_dim
+        u = level_input.float().view(batch, length, heads, self.head_dim)
+        head_log_a = log_a.clamp_min(-3.0).view(batch, length, heads, self.head_dim).mean(-1)
+        write, read = maps
+        return delta_rule_chunked(u, head_log_a, torch.nn.functional.normalize(write, dim=-1), read, self._beta)
+    MH.HarmonicBlock._level = delta_level
 import json, sys, dataclasses
 from pathlib import Path
 import torch
@@ -123,4 +148,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
