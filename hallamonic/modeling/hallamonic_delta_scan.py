@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-CHUNK = 64  # tokens per chunk of the chunked path
+CHUNK = 32  # tokens per chunk of the chunked path (fwd+bwd at (4, 512, 9 heads, 64, 64): 0.16 s vs 0.55 s with 64)
 BACKENDS = ("auto", "reference", "chunked")
 
 
@@ -119,10 +119,13 @@ def _chunked(values, log_a, write, read, beta, initial_state, chunk: int = CHUNK
         initial_state.transpose(-1, -2) if initial_state is not None else values.new_zeros(batch, heads, size, channels)
     )
     outputs = []
-    for c in range(chunks):
-        corrected = writes[:, c] - state_part[:, c] @ state  # E: (B, H, C, P)
-        outputs.append(read_state[:, c] @ state + scores[:, c] @ corrected)  # (B, H, C, P)
-        state = total[:, c].exp().unsqueeze(-1) * state + to_end[:, c].transpose(-1, -2) @ corrected
+    # unbind, not [:, c]: each slice's backward would write a zero-filled full-size gradient (measured:
+    # 70% of a step); unbind's backward is one stack.
+    per_chunk = zip(*(t.unbind(1) for t in (writes, state_part, read_state, scores, total.exp(), to_end)))
+    for writes_c, state_part_c, read_state_c, scores_c, total_c, to_end_c in per_chunk:
+        corrected = writes_c - state_part_c @ state  # E: (B, H, C, P)
+        outputs.append(read_state_c @ state + scores_c @ corrected)  # (B, H, C, P)
+        state = total_c.unsqueeze(-1) * state + to_end_c.transpose(-1, -2) @ corrected
     y = torch.stack(outputs, 1).transpose(2, 3).reshape(batch, chunks * chunk, heads, channels)[:, :length]
     return y, state.transpose(-1, -2)  # (B, L, H, P), (B, H, P, N)
 
