@@ -28,6 +28,8 @@
 #     --set phase2.refit_steps=1500; with 220 phase-2 steps (measured from that run's focus): evals/results/smollm2-135m-hallamonic-bf16/README.md
 #   the recipe now (Hedgehog block in layer 23, 170 phase-2 steps, 1,200 refit steps; 55.9 min fresh; its --sets are now the defaults):
 #     NAME=converted-hedgehog23 bash evals/smollm2_selective.sh outputs/smollm2-hh23 evals/results/smollm2-135m-hallamonic-hedgehog23
+#   the gated delta rule in every layer (88.3 min; same LAMBADA, better 4K/16K bits, over budget): NAME=converted-delta \
+#     bash evals/smollm2_selective.sh outputs/smollm2-delta evals/results/smollm2-135m-hallamonic-delta --set harmonic.update_rule=delta
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
