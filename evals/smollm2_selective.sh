@@ -32,7 +32,7 @@
 #     bash evals/smollm2_selective.sh outputs/smollm2-delta evals/results/smollm2-135m-hallamonic-delta --set harmonic.update_rule=delta
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
-#     --set phase1.teacher_pool=48 --set phase1.recompute=true --set phase2.steps=170
+#     --set phase1.teacher_pool=48 --set phase2.steps=170 (as run: also --set phase1.recompute=true, a key since removed)
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}

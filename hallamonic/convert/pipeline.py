@@ -299,7 +299,7 @@ def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:
 def _attention_transfer(name, section, layers, pool, stream, recipe, student, teacher, accelerator, out, log, resume) -> PhaseResult:
     """Train the blocks of ``layers`` alone on their teacher attention I/O (phase 1's loss) for
     ``section.steps`` steps over ``stream``; ``pool`` captures each sequence's teacher I/O once."""
-    stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=section.normalize, recompute=section.recompute)
+    stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=section.normalize)
     prefixes = tuple(f"model.layers.{i}.mixer." for i in layers)
     trainable = {n: p for n, p in student.named_parameters() if p.requires_grad and n.startswith(prefixes)}
     every = len(layers) == len(student.model.layers)

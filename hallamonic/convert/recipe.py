@@ -71,7 +71,6 @@ class DataSection:
 class Phase1Section(PhaseSection):
     normalize: bool = True  # per-layer MSE divided by the teacher output's mean square
     teacher_pool: int = 0  # > 0: train on at most this many sequences, the teacher's attention I/O captured once each
-    recompute: bool = False  # rebuild each mixer's activations in backward: one mixer's live at a time
     focus_layers: list = field(default_factory=list)  # layers that get focus_steps more steps alone after phase 1
     focus_steps: int = 0  # > 0: that many extra attention-transfer steps on focus_layers only ("phase1-focus")
     focus_lr: float = 1e-3  # their peak learning rate (warm-up 10% of focus_steps, then phase1.schedule)

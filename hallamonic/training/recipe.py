@@ -63,7 +63,16 @@ def _fields(cls) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
+# Keys that recipes once had, and why they went: an old recipe gets the reason, not a guess.
+REMOVED_KEYS = {
+    "phase1.recompute": "phase 1 now takes each block's gradients right after its forward, so one block's "
+    "activations are live at a time without recomputing them; delete the key",
+}
+
+
 def _unknown_key(key: str, known: typing.Iterable[str]) -> RecipeError:
+    if key in REMOVED_KEYS:
+        return RecipeError(f"recipe key `{key}` was removed: {REMOVED_KEYS[key]}")
     close = difflib.get_close_matches(key.split(".")[-1], [k.split(".")[-1] for k in known], n=1)
     hint = ""
     if close:

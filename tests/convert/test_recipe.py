@@ -51,6 +51,7 @@ def test_exponent_without_a_dot_is_a_number():
     "override, message",
     [
         ("phase1.stesp=3", r"unknown recipe key `phase1.stesp` \(did you mean `phase1.steps`\?\)"),
+        ("phase1.recompute=true", r"recipe key `phase1.recompute` was removed: phase 1 now takes each block's gradients"),
         ("phase1.steps=three", r"`phase1.steps` must be an integer"),
         ("phase1.steps=-1", r"`phase1.steps` must be >= 0"),
         ("phase2.seq_len=0", r"`phase2.seq_len` must be > 0"),
