@@ -193,6 +193,8 @@ def convert(
         check_layers("phase2.refit_layers", recipe.phase2.refit_layers, len(teacher.model.layers))
     if recipe.harmonic.hedgehog_layers:
         check_layers("harmonic.hedgehog_layers", recipe.harmonic.hedgehog_layers, len(teacher.model.layers))
+    if recipe.harmonic.delta_layers:
+        check_layers("harmonic.delta_layers", recipe.harmonic.delta_layers, len(teacher.model.layers))
     teacher.to(accelerator.device)
     tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes, resume)
     longest = max(recipe.phase1.seq_len if recipe.phase1.steps else 0, recipe.phase2.seq_len if recipe.phase2.steps else 0)

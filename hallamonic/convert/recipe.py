@@ -49,6 +49,7 @@ class HarmonicSection:
     state_size: int | None = None  # numbers per channel per level: null = the teacher's head_dim (k/q start the maps); 1 = diagonal
     feature_map: str = "identity"  # identity (q.k linear attention) | hedgehog (softmax features, normalised read-out)
     hedgehog_layers: list = field(default_factory=list)  # layers whose blocks use hedgehog whatever feature_map says
+    delta_layers: list = field(default_factory=list)  # layers whose blocks use the delta rule whatever update_rule says (not Hedgehog ones)
     update_rule: str = "sum"  # sum (decayed linear attention) | delta (gated delta rule: writes overwrite along unit keys; Hedgehog layers keep sum)
     recompute_mixer: bool = False  # recompute each block in backward instead of storing its activations
     init_from_attention: bool = True  # v_proj / o_proj from the teacher's attention
@@ -171,7 +172,7 @@ def _validate(recipe: Recipe) -> None:
     for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
         if flat[key] not in (None, "float32", "bfloat16"):
             raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")
-    for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers"):
+    for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers", "harmonic.delta_layers"):
         if not _layer_indices(flat[key]):
             raise RecipeError(f"recipe key `{key}` must list layer indices >= 0, got {flat[key]!r}")
     for key in ("phase1.lr", "phase2.lr"):
@@ -189,6 +190,8 @@ def _validate(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key `harmonic.feature_map: {recipe.harmonic.feature_map}` needs the expanded state (`harmonic.state_size` null or > 1)")
     if recipe.harmonic.update_rule != "sum" and state_size == 1:
         raise RecipeError(f"recipe key `harmonic.update_rule: {recipe.harmonic.update_rule}` needs the expanded state (`harmonic.state_size` null or > 1)")
+    if recipe.harmonic.delta_layers and state_size == 1:
+        raise RecipeError("recipe key `harmonic.delta_layers` needs the expanded state (`harmonic.state_size` null or > 1)")
     if recipe.harmonic.hedgehog_layers and state_size == 1:
         raise RecipeError("recipe key `harmonic.hedgehog_layers` needs the expanded state (`harmonic.state_size` null or > 1)")
     bands = recipe.harmonic.timescale_bands

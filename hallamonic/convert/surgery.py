@@ -61,7 +61,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         short_conv_size=harmonic.short_conv_size,
         state_size=harmonic.state_size or head_dim,
         feature_map=_feature_maps(harmonic, tc.num_hidden_layers),
-        update_rule=harmonic.update_rule,
+        update_rule=_update_rules(harmonic, tc.num_hidden_layers),
         recompute_mixer=harmonic.recompute_mixer,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
         bos_token_id=tc.bos_token_id,
@@ -78,6 +78,13 @@ def _feature_maps(harmonic: HarmonicSection, layers: int) -> str | list[str]:
     if not harmonic.hedgehog_layers:
         return harmonic.feature_map
     return ["hedgehog" if i in harmonic.hedgehog_layers else harmonic.feature_map for i in range(layers)]
+
+
+def _update_rules(harmonic: HarmonicSection, layers: int) -> str | list[str]:
+    """``update_rule`` for every layer, or one entry per layer when ``delta_layers`` picks some."""
+    if not harmonic.delta_layers:
+        return harmonic.update_rule
+    return ["delta" if i in harmonic.delta_layers else harmonic.update_rule for i in range(layers)]
 
 
 def is_carried_over(name: str) -> bool:

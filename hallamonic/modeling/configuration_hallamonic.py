@@ -134,7 +134,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.short_conv_size = short_conv_size
         self.state_size = state_size
         self.feature_map = list(feature_map) if isinstance(feature_map, (list, tuple)) else feature_map
-        self.update_rule = update_rule
+        self.update_rule = list(update_rule) if isinstance(update_rule, (list, tuple)) else update_rule
         self.recompute_mixer = recompute_mixer
         self.forward_chunk_size = forward_chunk_size
         self.base_model_name_or_path = base_model_name_or_path
@@ -155,8 +155,10 @@ class HallamonicConfig(PreTrainedConfig):
         return self.feature_map[layer_idx] if isinstance(self.feature_map, list) else self.feature_map
 
     def layer_update_rule(self, layer_idx: int) -> str:
-        """How one layer's levels write: ``update_rule``, except that Hedgehog layers keep the sum."""
-        return "sum" if self.layer_feature_map(layer_idx) == "hedgehog" else self.update_rule
+        """How one layer's levels write: ``update_rule`` (or its entry for that layer), except that
+        Hedgehog layers keep the sum."""
+        rule = self.update_rule[layer_idx] if isinstance(self.update_rule, list) else self.update_rule
+        return "sum" if self.layer_feature_map(layer_idx) == "hedgehog" else rule
 
     @property
     def state_width(self) -> int:
@@ -202,10 +204,16 @@ class HallamonicConfig(PreTrainedConfig):
                 raise ValueError(
                     f"HallamonicConfig: `feature_map` {feature_map!r} needs the expanded state (`state_size` > 1)"
                 )
-        if self.update_rule not in UPDATE_RULES:
-            raise ValueError(f"HallamonicConfig: `update_rule` must be one of {UPDATE_RULES}, got {self.update_rule!r}")
-        if self.update_rule != "sum" and self.state_size == 1:
-            raise ValueError(f"HallamonicConfig: `update_rule` {self.update_rule!r} needs the expanded state (`state_size` > 1)")
+        rules = self.update_rule if isinstance(self.update_rule, list) else [self.update_rule]
+        if isinstance(self.update_rule, list) and len(rules) != self.num_hidden_layers:
+            raise ValueError(
+                f"HallamonicConfig: a per-layer `update_rule` needs one entry per layer ({self.num_hidden_layers}), got {len(rules)}"
+            )
+        for rule in rules:
+            if rule not in UPDATE_RULES:
+                raise ValueError(f"HallamonicConfig: `update_rule` must be one of {UPDATE_RULES}, got {rule!r}")
+            if rule != "sum" and self.state_size == 1:
+                raise ValueError(f"HallamonicConfig: `update_rule` {rule!r} needs the expanded state (`state_size` > 1)")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if len(self.timescale_bands) < 1:

@@ -67,6 +67,7 @@ def test_exponent_without_a_dot_is_a_number():
         ("phase2.teacher_dtype=half", r"`phase2.teacher_dtype` must be null, 'float32' or 'bfloat16'"),
         ("phase2.hidden_weight=-0.5", r"`phase2.hidden_weight` must be >= 0"),
         ("harmonic.hedgehog_layers=[-2]", r"`harmonic.hedgehog_layers` must list layer indices >= 0"),
+        ("harmonic.delta_layers=[-1]", r"`harmonic.delta_layers` must list layer indices >= 0"),
         ("harmonic.update_rule=replace", r"`harmonic.update_rule` must be one of \['delta', 'sum'\]"),
     ],
 )
@@ -82,6 +83,8 @@ def test_hedgehog_needs_the_expanded_state():
         load_recipe("tiny", ["harmonic.hedgehog_layers=[1]", "harmonic.state_size=1"])
     with pytest.raises(RecipeError, match=r"`harmonic.update_rule: delta` needs the expanded state"):
         load_recipe("tiny", ["harmonic.update_rule=delta", "harmonic.state_size=1"])
+    with pytest.raises(RecipeError, match=r"`harmonic.delta_layers` needs the expanded state"):
+        load_recipe("tiny", ["harmonic.delta_layers=[0]", "harmonic.state_size=1"])
 
 
 def test_refit_needs_layers_and_no_lora():

@@ -135,6 +135,16 @@ def test_hedgehog_layers_give_those_blocks_hedgehog_and_the_rest_the_recipes_map
     assert torch.equal(second.state_read.weight, teacher.model.layers[1].self_attn.q_proj.weight)
 
 
+def test_delta_layers_give_those_blocks_the_delta_rule_and_the_rest_the_recipes_rule():
+    teacher = build_tiny_llama(300, tie_word_embeddings=False)
+    student = build_student(teacher, HarmonicSection(delta_layers=[1]))
+    assert student.config.update_rule == ["sum", "delta"]
+    first, second = (layer.mixer for layer in student.model.layers)
+    assert not first.delta and second.delta
+    assert torch.equal(second.state_write.weight, teacher.model.layers[1].self_attn.k_proj.weight)
+    assert build_student(teacher, HarmonicSection()).config.update_rule == "sum"  # no list unless asked
+
+
 def test_delta_rule_blocks_start_from_the_teachers_queries_and_keys_with_half_strength_writes():
     teacher = build_tiny_llama(300, tie_word_embeddings=False)
     student = build_student(teacher, HarmonicSection(update_rule="delta", hedgehog_layers=[1]))

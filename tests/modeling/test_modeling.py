@@ -43,10 +43,11 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
     params=[
         (0, 1, "identity"), (4, 1, "identity"), (0, 8, "identity"), (4, 8, "identity"), (0, 8, "hedgehog"),
         (4, 8, "hedgehog"), (4, 8, ["hedgehog", "identity"]), (0, 8, "identity", "delta"), (4, 8, ["hedgehog", "identity"], "delta"),
+        (4, 8, "identity", ["delta", "sum"]),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
-        "delta", "delta-short-conv-beside-hedgehog",
+        "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules",
     ],
 )
 def model(request) -> HallamonicForCausalLM:
@@ -54,7 +55,8 @@ def model(request) -> HallamonicForCausalLM:
     with the diagonal state (N = 1), the expanded selective one (N = head_dim = 8), that one with
     Hedgehog features and a normalised read-out (numerator and denominator states), and a model whose
     layers differ (Hedgehog in one, identity in the other: states of two shapes in one cache), and
-    the delta rule's levels (alone, and in a layer beside a Hedgehog one that keeps the sum)."""
+    the delta rule's levels (alone, in a layer beside a Hedgehog one that keeps the sum, and chosen
+    per layer beside a summing one)."""
     short_conv_size, state_size, feature_map, *rule = request.param
     return stateful_model(
         short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map, update_rule=rule[0] if rule else "sum"
@@ -443,3 +445,9 @@ def test_delta_rule_needs_the_expanded_state():
         tiny_config(state_size=8, update_rule="replace")
     config = tiny_config(state_size=8, update_rule="delta", feature_map=["hedgehog", "identity"])
     assert [config.layer_update_rule(i) for i in range(2)] == ["sum", "delta"]  # Hedgehog layers keep the sum
+    config = tiny_config(state_size=8, update_rule=["delta", "sum"])
+    assert [config.layer_update_rule(i) for i in range(2)] == ["delta", "sum"]
+    with pytest.raises(ValueError, match="one entry per layer"):
+        tiny_config(state_size=8, update_rule=["delta"])
+    with pytest.raises(ValueError, match="update_rule"):
+        tiny_config(state_size=8, update_rule=["delta", "replace"])
