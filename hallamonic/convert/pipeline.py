@@ -185,16 +185,16 @@ def convert(
     check_output_dir(out, overwrite=overwrite, resume=resume)
     teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
     teacher.eval().requires_grad_(False)
-    if recipe.phase1.focus_steps > 0:
-        check_layers("phase1.focus_layers", recipe.phase1.focus_layers, len(teacher.model.layers))
-    if recipe.phase2.frozen_layers:
-        check_layers("phase2.frozen_layers", recipe.phase2.frozen_layers, len(teacher.model.layers))
-    if recipe.phase2.refit_steps > 0:
-        check_layers("phase2.refit_layers", recipe.phase2.refit_layers, len(teacher.model.layers))
-    if recipe.harmonic.hedgehog_layers:
-        check_layers("harmonic.hedgehog_layers", recipe.harmonic.hedgehog_layers, len(teacher.model.layers))
-    if recipe.harmonic.delta_layers:
-        check_layers("harmonic.delta_layers", recipe.harmonic.delta_layers, len(teacher.model.layers))
+    layer_lists = (  # (key, layers, in use): checked only when used (a non-Llama base has no model.layers)
+        ("phase1.focus_layers", recipe.phase1.focus_layers, recipe.phase1.focus_steps > 0),
+        ("phase2.frozen_layers", recipe.phase2.frozen_layers, bool(recipe.phase2.frozen_layers)),
+        ("phase2.refit_layers", recipe.phase2.refit_layers, recipe.phase2.refit_steps > 0),
+        ("harmonic.hedgehog_layers", recipe.harmonic.hedgehog_layers, bool(recipe.harmonic.hedgehog_layers)),
+        ("harmonic.delta_layers", recipe.harmonic.delta_layers, bool(recipe.harmonic.delta_layers)),
+    )
+    for key, layers, used in layer_lists:
+        if used:
+            check_layers(key, layers, len(teacher.model.layers))
     teacher.to(accelerator.device)
     tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes, resume)
     longest = max(recipe.phase1.seq_len if recipe.phase1.steps else 0, recipe.phase2.seq_len if recipe.phase2.steps else 0)

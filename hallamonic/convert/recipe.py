@@ -186,14 +186,15 @@ def _validate(recipe: Recipe) -> None:
     state_size = recipe.harmonic.state_size
     if state_size is not None and state_size <= 0:
         raise RecipeError(f"recipe key `harmonic.state_size` must be > 0 or null (= the teacher's head_dim), got {state_size!r}")
-    if recipe.harmonic.feature_map != "identity" and state_size == 1:
-        raise RecipeError(f"recipe key `harmonic.feature_map: {recipe.harmonic.feature_map}` needs the expanded state (`harmonic.state_size` null or > 1)")
-    if recipe.harmonic.update_rule != "sum" and state_size == 1:
-        raise RecipeError(f"recipe key `harmonic.update_rule: {recipe.harmonic.update_rule}` needs the expanded state (`harmonic.state_size` null or > 1)")
-    if recipe.harmonic.delta_layers and state_size == 1:
-        raise RecipeError("recipe key `harmonic.delta_layers` needs the expanded state (`harmonic.state_size` null or > 1)")
-    if recipe.harmonic.hedgehog_layers and state_size == 1:
-        raise RecipeError("recipe key `harmonic.hedgehog_layers` needs the expanded state (`harmonic.state_size` null or > 1)")
+    needs_expanded_state = (  # (what the recipe asks for, whether it does)
+        (f"harmonic.feature_map: {recipe.harmonic.feature_map}", recipe.harmonic.feature_map != "identity"),
+        (f"harmonic.update_rule: {recipe.harmonic.update_rule}", recipe.harmonic.update_rule != "sum"),
+        ("harmonic.delta_layers", bool(recipe.harmonic.delta_layers)),
+        ("harmonic.hedgehog_layers", bool(recipe.harmonic.hedgehog_layers)),
+    )
+    for what, asked in needs_expanded_state:
+        if asked and state_size == 1:
+            raise RecipeError(f"recipe key `{what}` needs the expanded state (`harmonic.state_size` null or > 1)")
     bands = recipe.harmonic.timescale_bands
     if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
         raise RecipeError(f"recipe key `harmonic.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")

@@ -60,8 +60,8 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         output_gate_rank=harmonic.output_gate_rank,
         short_conv_size=harmonic.short_conv_size,
         state_size=harmonic.state_size or head_dim,
-        feature_map=_feature_maps(harmonic, tc.num_hidden_layers),
-        update_rule=_update_rules(harmonic, tc.num_hidden_layers),
+        feature_map=_per_layer(harmonic.feature_map, tc.num_hidden_layers, "hedgehog", harmonic.hedgehog_layers),
+        update_rule=_per_layer(harmonic.update_rule, tc.num_hidden_layers, "delta", harmonic.delta_layers),
         recompute_mixer=harmonic.recompute_mixer,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
         bos_token_id=tc.bos_token_id,
@@ -72,19 +72,12 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
     )
 
 
-def _feature_maps(harmonic: HarmonicSection, layers: int) -> str | list[str]:
-    """``feature_map`` for every layer, or one entry per layer when ``hedgehog_layers`` picks some
+def _per_layer(default: str, layers: int, special: str, chosen: list[int]) -> str | list[str]:
+    """``default`` for every layer, or one entry per layer with ``special`` in the ``chosen`` ones
     (``convert`` refuses indices past the model's layers before it builds anything)."""
-    if not harmonic.hedgehog_layers:
-        return harmonic.feature_map
-    return ["hedgehog" if i in harmonic.hedgehog_layers else harmonic.feature_map for i in range(layers)]
-
-
-def _update_rules(harmonic: HarmonicSection, layers: int) -> str | list[str]:
-    """``update_rule`` for every layer, or one entry per layer when ``delta_layers`` picks some."""
-    if not harmonic.delta_layers:
-        return harmonic.update_rule
-    return ["delta" if i in harmonic.delta_layers else harmonic.update_rule for i in range(layers)]
+    if not chosen:
+        return default
+    return [special if i in chosen else default for i in range(layers)]
 
 
 def is_carried_over(name: str) -> bool:

@@ -152,13 +152,12 @@ class HallamonicConfig(PreTrainedConfig):
 
     def layer_feature_map(self, layer_idx: int) -> str:
         """The feature map of one layer's block: ``feature_map`` itself, or its entry for that layer."""
-        return self.feature_map[layer_idx] if isinstance(self.feature_map, list) else self.feature_map
+        return _entry(self.feature_map, layer_idx)
 
     def layer_update_rule(self, layer_idx: int) -> str:
         """How one layer's levels write: ``update_rule`` (or its entry for that layer), except that
         Hedgehog layers keep the sum."""
-        rule = self.update_rule[layer_idx] if isinstance(self.update_rule, list) else self.update_rule
-        return "sum" if self.layer_feature_map(layer_idx) == "hedgehog" else rule
+        return "sum" if self.layer_feature_map(layer_idx) == "hedgehog" else _entry(self.update_rule, layer_idx)
 
     @property
     def state_width(self) -> int:
@@ -192,28 +191,17 @@ class HallamonicConfig(PreTrainedConfig):
             )
         if not isinstance(self.short_conv_size, int) or isinstance(self.short_conv_size, bool) or self.short_conv_size < 0:
             raise ValueError(f"HallamonicConfig: `short_conv_size` must be an integer >= 0, got {self.short_conv_size!r}")
-        maps = self.feature_map if isinstance(self.feature_map, list) else [self.feature_map]
-        if isinstance(self.feature_map, list) and len(maps) != self.num_hidden_layers:
-            raise ValueError(
-                f"HallamonicConfig: a per-layer `feature_map` needs one entry per layer ({self.num_hidden_layers}), got {len(maps)}"
-            )
-        for feature_map in maps:
-            if feature_map not in FEATURE_MAPS:
-                raise ValueError(f"HallamonicConfig: `feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}")
-            if feature_map != "identity" and self.state_size == 1:
+        for name, allowed, plain in (("feature_map", FEATURE_MAPS, "identity"), ("update_rule", UPDATE_RULES, "sum")):
+            value = getattr(self, name)
+            if isinstance(value, list) and len(value) != self.num_hidden_layers:
                 raise ValueError(
-                    f"HallamonicConfig: `feature_map` {feature_map!r} needs the expanded state (`state_size` > 1)"
+                    f"HallamonicConfig: a per-layer `{name}` needs one entry per layer ({self.num_hidden_layers}), got {len(value)}"
                 )
-        rules = self.update_rule if isinstance(self.update_rule, list) else [self.update_rule]
-        if isinstance(self.update_rule, list) and len(rules) != self.num_hidden_layers:
-            raise ValueError(
-                f"HallamonicConfig: a per-layer `update_rule` needs one entry per layer ({self.num_hidden_layers}), got {len(rules)}"
-            )
-        for rule in rules:
-            if rule not in UPDATE_RULES:
-                raise ValueError(f"HallamonicConfig: `update_rule` must be one of {UPDATE_RULES}, got {rule!r}")
-            if rule != "sum" and self.state_size == 1:
-                raise ValueError(f"HallamonicConfig: `update_rule` {rule!r} needs the expanded state (`state_size` > 1)")
+            for entry in value if isinstance(value, list) else [value]:
+                if entry not in allowed:
+                    raise ValueError(f"HallamonicConfig: `{name}` must be one of {allowed}, got {entry!r}")
+                if entry != plain and self.state_size == 1:
+                    raise ValueError(f"HallamonicConfig: `{name}` {entry!r} needs the expanded state (`state_size` > 1)")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if len(self.timescale_bands) < 1:
@@ -225,3 +213,8 @@ class HallamonicConfig(PreTrainedConfig):
                 )
         if not (isinstance(self.rms_norm_eps, float) and self.rms_norm_eps > 0):
             raise ValueError(f"HallamonicConfig: `rms_norm_eps` must be a positive float, got {self.rms_norm_eps!r}")
+
+
+def _entry(value: str | list[str], layer_idx: int) -> str:
+    """A per-layer setting's value for one layer: the list's entry, or the one value for all."""
+    return value[layer_idx] if isinstance(value, list) else value
