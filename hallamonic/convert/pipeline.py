@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
-import os
 import platform
 import shutil
-import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
+from hallamonic.convert.export import export, plot_losses
 from hallamonic.convert.phases import MixerStack, attention_transfer_errors, blocks_in, phase1_loss, phase2_loss
 from hallamonic.convert.recipe import Recipe, recipe_to_yaml
 from hallamonic.convert.surgery import build_student, calibrate_blocks, parameter_counts
@@ -36,6 +35,10 @@ from hallamonic.tiny import load_builtin_teacher
 from hallamonic.training.checkpoint import latest_checkpoint, load_checkpoint
 from hallamonic.training.packing import PackedBatches
 from hallamonic.training.trainer import MetricsLog, PhaseResult, make_accelerator, run_phase
+
+if TYPE_CHECKING:
+    import numpy as np
+    from accelerate import Accelerator
 
 PHASES = ("surgery", "phase1", "phase2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -68,15 +71,6 @@ def parse_phases(text: str | None) -> tuple[str, ...]:
     if unknown or not phases:
         raise ValueError(f"--phases: unknown phase(s) {unknown or text!r}; choose from {', '.join(PHASES)}")
     return phases
-
-
-def public_name(spec: str) -> str:
-    """How an exported checkpoint names its teacher (and data): a hub id (or ``builtin:...``) as is,
-    a local folder or file by its name only -- a path on the converting machine means nothing elsewhere."""
-    if spec.startswith("builtin:"):
-        return spec
-    path = Path(spec).expanduser()
-    return path.resolve().name if path.exists() else spec
 
 
 def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
@@ -232,6 +226,7 @@ def convert(
         f"({counts['student_trainable']:,} trainable in the HarmonicBlocks)"
     )
     log = MetricsLog(out / "training" / "metrics.jsonl", enabled=accelerator.is_main_process)
+    run = ConversionRun(recipe, student, tokens, accelerator, out, log, resume)
     results: list[PhaseResult] = []
 
     phase1_done = False
@@ -240,14 +235,14 @@ def convert(
     teacher_in = functools.cache(lambda dtype: _transfer_teacher(teacher, dtype))  # one copy per dtype, shared by the phases
     transfer_teacher = teacher_in(recipe.phase1.teacher_dtype) if transfers else teacher
     if "phase1" in phases and recipe.phase1.steps > 0:
-        results.append(run_phase1(recipe, student, transfer_teacher, tokens, accelerator, out, log, resume))
+        results.append(run_phase1(run, transfer_teacher))
         phase1_done = True
     elif "phase2" in phases:
         phase1_done = _restore_finished_phase(student, out, "phase1")
     if phase1_done:
         measure_transfer("phase1")
     if focus and "phase1" in phases:
-        results.append(run_phase1_focus(recipe, student, transfer_teacher, tokens, accelerator, out, log, resume))
+        results.append(run_phase1_focus(run, transfer_teacher))
         measure_transfer("phase1-focus")
     elif focus and "phase2" in phases and _restore_finished_phase(student, out, "phase1-focus"):
         measure_transfer("phase1-focus")
@@ -255,12 +250,12 @@ def convert(
     if "phase2" in phases and recipe.phase2.steps > 0:
         distils = recipe.phase2.kl_weight > 0 or recipe.phase2.hidden_weight > 0
         phase2_teacher = teacher_in(recipe.phase2.teacher_dtype) if distils else teacher
-        results.append(run_phase2(recipe, student, phase2_teacher, tokens, accelerator, out, log, resume))
+        results.append(run_phase2(run, phase2_teacher))
         measure_transfer("phase2")
     refit = None
     if "phase2" in phases and recipe.phase2.refit_steps > 0:
         refit_teacher = teacher_in(recipe.phase1.teacher_dtype)
-        result, refit = run_phase2_refit(recipe, student, refit_teacher, tokens, probe, accelerator, out, log, resume)
+        result, refit = run_phase2_refit(run, refit_teacher, probe)
         results.append(result)
         accelerator.print(f"refit of layers {refit['layers']} on the converted model's inputs: normalised MSE {refit['before']} -> {refit['after']}")
         measure_transfer("phase2-refit")
@@ -282,7 +277,7 @@ def convert(
         report["heldout"] = _evaluate_for_card(recipe, teacher, student, tokenizer)
         report["continuations"] = _greedy_continuations(recipe, teacher, student, tokenizer)
         export(student, tokenizer, teacher, out, recipe, report)
-        _plot_losses(out / "training" / "metrics.jsonl", out / "training" / "loss.png")
+        plot_losses(out / "training" / "metrics.jsonl", out / "training" / "loss.png")
     accelerator.wait_for_everyone()
     return report
 
@@ -298,29 +293,45 @@ def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:
     return copy.deepcopy(teacher).to(DTYPES[dtype])
 
 
-def _attention_transfer(name, section, layers, pool, stream, recipe, student, teacher, accelerator, out, log, resume) -> PhaseResult:
+@dataclass
+class ConversionRun:
+    """What every phase of one conversion shares; each phase runner takes it and its teacher."""
+
+    recipe: Recipe
+    student: nn.Module
+    tokens: np.ndarray  # the training token stream, int32
+    accelerator: Accelerator
+    out: Path
+    log: MetricsLog
+    resume: bool
+
+    def run(self, name: str, section, module: nn.Module, trainable: dict, loss_fn, stream, seed: int) -> PhaseResult:
+        """``run_phase`` with this conversion's training settings, checkpoints and log."""
+        return run_phase(
+            name=name, accelerator=self.accelerator, module=module, trainable=trainable, loss_fn=loss_fn,
+            batches=PackedBatches(stream, section.seq_len, seed=seed),
+            section=section, train=self.recipe.train, checkpointing=self.recipe.checkpoint,
+            checkpoint_root=_phase_checkpoints(self.out, name), log=self.log, resume=self.resume,
+        )
+
+
+def _attention_transfer(run: ConversionRun, name: str, section, layers, teacher, *, stream, pool: bool) -> PhaseResult:
     """Train the blocks of ``layers`` alone on their teacher attention I/O (phase 1's loss) for
     ``section.steps`` steps over ``stream``; ``pool`` captures each sequence's teacher I/O once."""
+    student = run.student
     stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=section.normalize)
     prefixes = tuple(f"model.layers.{i}.mixer." for i in layers)
     trainable = {n: p for n, p in student.named_parameters() if p.requires_grad and n.startswith(prefixes)}
     every = len(layers) == len(student.model.layers)
-    return run_phase(
-        name=name, accelerator=accelerator, module=stack, trainable=trainable,
-        loss_fn=phase1_loss(teacher, pool=pool, layers=None if every else layers),
-        batches=PackedBatches(stream, section.seq_len, seed=recipe.seed),
-        section=section, train=recipe.train, checkpointing=recipe.checkpoint,
-        checkpoint_root=_phase_checkpoints(out, name), log=log, resume=resume,
-    )
+    loss_fn = phase1_loss(teacher, pool=pool, layers=None if every else layers)
+    return run.run(name, section, stack, trainable, loss_fn, stream, seed=run.recipe.seed)
 
 
-def run_phase1(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
+def run_phase1(run: ConversionRun, teacher) -> PhaseResult:
     """Phase 1: every HarmonicBlock trained alone on its layer's teacher attention I/O."""
-    every = range(len(student.model.layers))
-    return _attention_transfer(
-        "phase1", recipe.phase1, every, recipe.phase1.teacher_pool > 0, _phase1_tokens(recipe, tokens),
-        recipe, student, teacher, accelerator, out, log, resume,
-    )
+    p1 = run.recipe.phase1
+    every = range(len(run.student.model.layers))
+    return _attention_transfer(run, "phase1", p1, every, teacher, stream=_phase1_tokens(run.recipe, run.tokens), pool=p1.teacher_pool > 0)
 
 
 def check_layers(key: str, layers: list[int], count: int) -> None:
@@ -329,7 +340,7 @@ def check_layers(key: str, layers: list[int], count: int) -> None:
         raise ValueError(f"recipe key `{key}`: the model has layers 0-{count - 1}, got {outside}")
 
 
-def run_phase1_focus(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
+def run_phase1_focus(run: ConversionRun, teacher) -> PhaseResult:
     """More attention transfer for the blocks of ``phase1.focus_layers`` alone, after phase 1.
 
     Why: on SmolLM2 the converted model's recall is lost in a few layers (20-24) whose blocks are
@@ -337,21 +348,19 @@ def run_phase1_focus(recipe, student, teacher, tokens, accelerator, out, log, re
     (``evals/results/smollm2-135m-layer-swap/``); training only those blocks on a small pool whose
     teacher I/O is captured once makes such a step ~1/8 the cost of a phase-1 step.
     """
-    p1 = recipe.phase1
+    p1 = run.recipe.phase1
     section = replace(p1, steps=p1.focus_steps, lr=p1.focus_lr, warmup_steps=max(p1.focus_steps // 10, 1))
-    return _attention_transfer(
-        "phase1-focus", section, list(p1.focus_layers), True, tokens[: p1.focus_pool * p1.seq_len],
-        recipe, student, teacher, accelerator, out, log, resume,
-    )
+    pool = run.tokens[: p1.focus_pool * p1.seq_len]
+    return _attention_transfer(run, "phase1-focus", section, list(p1.focus_layers), teacher, stream=pool, pool=True)
 
 
-def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) -> PhaseResult:
+def run_phase2(run: ConversionRun, teacher) -> PhaseResult:
     """Phase 2: the whole student end to end (next-token + KL and hidden alignment to the teacher), MLPs and
     embeddings frozen unless LoRA adapters are asked for (merged back afterwards), and the mixers
     of ``phase2.frozen_layers`` too: on SmolLM2, end-to-end training of the recall layers' blocks
     lowers LAMBADA accuracy that the attention transfer had built
     (``evals/results/smollm2-135m-layer-swap/phase_states.py``)."""
-    section = recipe.phase2
+    section, student = run.recipe.phase2, run.student
     model = student
     if section.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
@@ -369,16 +378,11 @@ def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) 
         param.requires_grad_(False)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     window = getattr(teacher.config, "max_position_embeddings", None)
-    result = run_phase(
-        name="phase2", accelerator=accelerator, module=model, trainable=trainable,
-        loss_fn=phase2_loss(
-            teacher, kl_weight=section.kl_weight, teacher_window=window, chunk_size=section.chunk_size,
-            ce_weight=section.ce_weight, hidden_weight=section.hidden_weight,
-        ),
-        batches=PackedBatches(tokens, section.seq_len, seed=recipe.seed + 1),
-        section=section, train=recipe.train, checkpointing=recipe.checkpoint,
-        checkpoint_root=_phase_checkpoints(out, "phase2"), log=log, resume=resume,
+    loss_fn = phase2_loss(
+        teacher, kl_weight=section.kl_weight, teacher_window=window, chunk_size=section.chunk_size,
+        ce_weight=section.ce_weight, hidden_weight=section.hidden_weight,
     )
+    result = run.run("phase2", section, model, trainable, loss_fn, run.tokens, seed=run.recipe.seed + 1)
     for param in held:  # trainable again for what comes after (the refit)
         param.requires_grad_(True)
     if section.gradient_checkpointing:
@@ -388,7 +392,7 @@ def run_phase2(recipe, student, teacher, tokens, accelerator, out, log, resume) 
     return result
 
 
-def run_phase2_refit(recipe, student, teacher, tokens, probe, accelerator, out, log, resume) -> tuple[PhaseResult, dict]:
+def run_phase2_refit(run: ConversionRun, teacher, probe: torch.Tensor) -> tuple[PhaseResult, dict]:
     """More attention transfer for the blocks of ``phase2.refit_layers`` after phase 2, on the
     inputs the converted model itself gives them: the teacher runs with the student's blocks in
     every other layer, and each refit block regresses what the teacher's attention makes of its
@@ -400,16 +404,14 @@ def run_phase2_refit(recipe, student, teacher, tokens, probe, accelerator, out, 
     block, fitted to 0.22 on the teacher's inputs, was at 0.61 on the converted model's; 1,500 steps
     on those brought LAMBADA from 0.070 to 0.127 (evals/results/smollm2-135m-layer-swap/retrain.py).
     """
-    p1, p2 = recipe.phase1, recipe.phase2
+    p1, p2, student = run.recipe.phase1, run.recipe.phase2, run.student
     layers = list(p2.refit_layers)
     section = replace(p1, steps=p2.refit_steps, lr=p2.refit_lr, warmup_steps=max(p2.refit_steps // 10, 1))
     others = [i for i in range(len(student.model.layers)) if i not in layers]
     with blocks_in(teacher, student, others) as hybrid:
         before = attention_transfer_errors(student, hybrid, probe, layers)
-        result = _attention_transfer(
-            "phase2-refit", section, layers, True, tokens[: p2.refit_pool * p1.seq_len],
-            recipe, student, hybrid, accelerator, out, log, resume,
-        )
+        pool = run.tokens[: p2.refit_pool * p1.seq_len]
+        result = _attention_transfer(run, "phase2-refit", section, layers, hybrid, stream=pool, pool=True)
         after = attention_transfer_errors(student, hybrid, probe, layers)
     return result, {"layers": layers, "before": before, "after": after}
 
@@ -471,171 +473,4 @@ def _evaluate_for_card(recipe: Recipe, teacher, student, tokenizer) -> dict:
     return results
 
 
-def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict) -> None:
-    """Write the loadable checkpoint: weights, remote code, tokenizer, generation config, card.
-
-    Everything is written to a temporary folder first and moved into ``out`` only once complete,
-    so a full disk or a crash during export leaves any earlier export and the checkpoints intact.
-    """
-    student.config.base_model_name_or_path = public_name(recipe.base.model)
-    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
-    try:
-        student.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        generation = getattr(teacher, "generation_config", None)
-        if generation is not None:
-            generation.save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(recipe, report, student.config))
-        for path in staging.iterdir():
-            os.replace(path, out / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    (out / "training" / "report.json").write_text(json.dumps(report, indent=1, default=str))
-
-
-def block_description(config) -> str:
-    """One phrase for the card: what each HarmonicBlock keeps, read from the exported config."""
-    levels = len(config.timescale_bands)
-    if config.state_size == 1:
-        return f"{levels}-level hierarchical state-space mixer with a diagonal state (one number per channel per level)"
-    hedgehog = [i for i in range(config.num_hidden_layers) if config.layer_feature_map(i) == "hedgehog"]
-    if len(hedgehog) == config.num_hidden_layers:
-        maps = "Hedgehog feature maps, normalised read-out"
-    elif hedgehog:
-        maps = f"q.k linear attention; in layer(s) {', '.join(map(str, hedgehog))} Hedgehog feature maps, normalised read-out"
-    else:
-        maps = "q.k linear attention"
-    return (
-        f"{levels}-level hierarchical state-space mixer with an expanded, selective state: {config.state_size} "
-        f"numbers per channel per level, written through per-head keys and read through per-head queries ({maps})"
-    )
-
-
-def _phase_minutes(phase: dict) -> str:
-    """A phase's wall time for the card; a resumed run counts what its earlier runs spent too."""
-    earlier = phase.get("earlier_seconds", 0.0)
-    total = f"{(phase['seconds'] + earlier) / 60:.1f} min"
-    return f"{total} ({earlier / 60:.1f} before a resume)" if earlier else total
-
-
-def model_card(recipe: Recipe, report: dict, config) -> str:
-    counts = report["parameters"]
-    base = public_name(recipe.base.model)
-    lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [hallamonic, state-space-model, linearized-attention]",
-        f"base_model: {base}",
-        "---",
-        "",
-        f"# Hallamonic conversion of `{base}`",
-        "",
-        f"Every attention layer was replaced by a HarmonicBlock ({block_description(config)}; no attention, no "
-        "positional encoding); FFNs, embeddings and LM head are the teacher's, frozen. "
-        "Load with `AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`.",
-        "",
-        "## Conversion",
-        "",
-        f"- Recipe: `{recipe.name}` (resolved copy in `training/recipe.yaml`), seed {recipe.seed}",
-        f"- Data: `{public_name(recipe.data.path or recipe.data.dataset)}` (held-out fraction {recipe.data.heldout_fraction})",
-        f"- Parameters: teacher {counts['teacher']:,}, converted {counts['student']:,} "
-        f"({counts['student_trainable']:,} trained)",
-        f"- Hardware: {report['hardware']}; wall time {report['wall_seconds'] / 60:.1f} min",
-        "",
-        "| phase | steps | tokens | seq len | wall time | final loss |",
-        "|---|---|---|---|---|---|",
-    ]
-    for phase in report["phases"]:
-        loss = f"{phase['final_loss']:.4f}" if phase["final_loss"] is not None else "-"
-        lines.append(
-            f"| {phase['name']} | {phase['steps']} | {phase['tokens']:,} | {phase['seq_len']} | {_phase_minutes(phase)} | {loss} |"
-        )
-    heldout = report.get("heldout") or {}
-    if heldout:
-        lengths = sorted({int(k) for r in heldout.values() for k in r["bits_per_token"]})
-        lines += [
-            "",
-            "## Held-out bits per token (measured at the end of the conversion)",
-            "",
-            "| model | " + " | ".join(f"ctx {n}" for n in lengths) + " |",
-            "|---|" + "---|" * len(lengths),
-        ]
-        for name, result in heldout.items():
-            cells = [f"{result['bits_per_token'][str(n)]:.3f}" if str(n) in result["bits_per_token"] else "n/a" for n in lengths]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines += ["", f"Held-out documents of the training source; tokens scored: {heldout.get('converted', {}).get('tokens')}."]
-    transfer = report.get("attention_transfer") or {}
-    if transfer.get("normalised_mse"):
-        lines += [
-            "",
-            "## Attention transfer",
-            "",
-            f"Per-layer MSE of each HarmonicBlock to its teacher attention's output, divided by that output's mean square "
-            f"(1.0 = predicting zeros), on {transfer['sample']}:",
-            "",
-            "| stage | mean | best layer | worst layer |",
-            "|---|---|---|---|",
-        ]
-        for stage, errors in transfer["normalised_mse"].items():
-            lines.append(f"| {stage} | {sum(errors) / len(errors):.3f} | {min(errors):.3f} | {max(errors):.3f} |")
-    refit = report.get("refit")
-    if refit:
-        pairs = ", ".join(f"layer {i}: {b:.3f} -> {a:.3f}" for i, b, a in zip(refit["layers"], refit["before"], refit["after"]))
-        lines += [
-            "",
-            f"The same error measured on the inputs the converted model gives those layers (the teacher's attention restored "
-            f"there, blocks everywhere else), before and after `phase2-refit`: {pairs}.",
-        ]
-    continuations = report.get("continuations") or {}
-    if continuations:
-        quote = lambda text: text.replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        lines += [
-            "",
-            "## Greedy continuation",
-            "",
-            f"Prompt: *{quote(continuations['prompt'])}*",
-            "",
-            "| teacher | converted |",
-            "|---|---|",
-            f"| {quote(continuations['teacher'])} | {quote(continuations['converted'])} |",
-        ]
-    lines += [
-        "",
-        "Phase 1 loss is the per-layer MSE to the teacher's attention output divided by its mean square; "
-        "phase 2 loss is `phase2.ce_weight` x next-token cross-entropy plus `phase2.kl_weight` x KL(teacher || student), in nats, "
-        "plus `phase2.hidden_weight` x the per-token normalised distance of every layer's output to the teacher's.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _plot_losses(metrics: Path, png: Path) -> None:
-    if not metrics.is_file():
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[str, dict[int, float]] = {}
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("loss") is not None:
-            series.setdefault(record["phase"], {})[record["step"]] = record["loss"]  # last write wins on resume
-    if not series:
-        return
-    fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.5), squeeze=False)
-    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase1-focus": "normalised MSE, focus layers", "phase2-refit": "normalised MSE, refit layers, converted inputs", "phase2": "ce_weight x CE + kl_weight x KL + hidden_weight x distance"}
-    for ax, (phase, points) in zip(axes[0], sorted(series.items())):
-        steps = sorted(points)
-        ax.plot(steps, [points[s] for s in steps], marker=".")
-        ax.set_title(phase)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(labels.get(phase, "loss"))
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-
-__all__ = ["OutputDirError", "check_output_dir", "convert", "export", "parse_phases", "prepare_output_dir"]
+__all__ = ["ConversionRun", "OutputDirError", "check_output_dir", "convert", "parse_phases", "prepare_output_dir"]

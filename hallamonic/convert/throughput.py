@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hallamonic.convert.pipeline import DTYPES, load_base_model, run_phase1, run_phase2
+from hallamonic.convert.pipeline import DTYPES, ConversionRun, load_base_model, run_phase1, run_phase2
 from hallamonic.convert.recipe import Recipe
 from hallamonic.convert.surgery import build_student
 from hallamonic.training.trainer import make_accelerator
@@ -90,7 +90,7 @@ def measure_throughput(
             torch.cuda.reset_peak_memory_stats()
         log = _StepRecords()
         with tempfile.TemporaryDirectory() as scratch:  # the phase's end-of-phase checkpoint lands here
-            runner(run_recipe, student, teacher, tokens, accelerator, Path(scratch), log, False)
+            runner(ConversionRun(run_recipe, student, tokens, accelerator, Path(scratch), log, False), teacher)
         rates = [r["tokens_per_s"] for r in log.records if r.get("tokens_per_s") and r["step"] > warmup]
         if not rates:
             raise RuntimeError(f"{name}: no timed step finished (every step was non-finite?)")

@@ -99,14 +99,6 @@ def test_a_local_teacher_is_recorded_by_its_name_only(tmp_path):
     assert "base_model: my-teacher" in card and str(tmp_path) not in card
 
 
-def test_public_names_keep_hub_ids_and_drop_local_paths(tmp_path):
-    (tmp_path / "model.gguf").write_bytes(b"")
-    assert pipeline.public_name("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
-    assert pipeline.public_name("builtin:tiny-llama") == "builtin:tiny-llama"
-    assert pipeline.public_name(str(tmp_path / "model.gguf")) == "model.gguf"
-    assert pipeline.public_name(str(tmp_path) + "/") == tmp_path.name
-
-
 def test_checkpoint_loads_and_generates_without_the_package(converted, without_hallamonic):
     out, _ = converted
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -428,17 +420,6 @@ def test_focus_layers_outside_the_model_are_refused_before_the_folder_is_made(tm
     with pytest.raises(ValueError, match=r"`phase1.focus_layers`: the model has layers 0-1, got \[5\]"):
         convert(recipe, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-
-
-def test_the_card_describes_the_block_that_was_exported():
-    from hallamonic.modeling.configuration_hallamonic import HallamonicConfig
-
-    diagonal = pipeline.block_description(HallamonicConfig(state_size=1))
-    hedgehog = pipeline.block_description(HallamonicConfig(state_size=64, feature_map="hedgehog"))
-    assert "diagonal state (one number per channel per level)" in diagonal and diagonal.startswith("3-level")
-    assert "64 numbers per channel per level" in hedgehog and "Hedgehog feature maps" in hedgehog
-    mixed = pipeline.block_description(HallamonicConfig(state_size=64, num_hidden_layers=3, feature_map=["identity", "hedgehog", "identity"]))
-    assert "q.k linear attention; in layer(s) 1 Hedgehog feature maps" in mixed
 
 
 def test_the_token_stream_covers_the_focus_and_refit_pools():
