@@ -130,7 +130,8 @@ class HedgehogFeatureMap(nn.Module):
 
     phi(q) . phi(k) is positive and, once W has grown, as peaked as softmax attention's weights, so a
     normalised read-out can pick out a few earlier tokens. W starts as the identity: the map then
-    sees the teacher's own query / key.
+    sees the teacher's own query / key. It runs in fp32 also under autocast: once W has grown the
+    softmax is peaked, and bf16 logits (~3 significant digits) would move its largest weights.
     """
 
     def __init__(self, heads: int, size: int):
@@ -139,7 +140,8 @@ class HedgehogFeatureMap(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, h, N) fp32 -> (B, L, h, 2N)."""
-        z = torch.einsum("blhn,hmn->blhm", x, self.weight.float())  # (B, L, h, N)
+        with torch.autocast(x.device.type, enabled=False):
+            z = torch.einsum("blhn,hmn->blhm", x.float(), self.weight.float())  # (B, L, h, N)
         return torch.cat([z.softmax(-1), (-z).softmax(-1)], dim=-1)
 
 

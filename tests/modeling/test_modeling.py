@@ -227,17 +227,25 @@ def test_timescales_spread_over_each_levels_band():
     assert all(band == [1.0, 4096.0] for band in flat.level_bands)
 
 
-def test_decay_gates_stay_fp32_under_bf16_autocast():
+@pytest.mark.parametrize("part", ["decay-gate", "hedgehog-map"])
+def test_decay_gates_and_feature_maps_stay_fp32_under_bf16_autocast(part):
     """Mixed-precision training runs the blocks under bf16 autocast; the decay gates opt out (a
-    slow channel's logit ~ -8 would move by ~0.03 with bf16 operands), so their log decays equal
-    the fp32 ones exactly, forward and backward."""
-    gate = stateful_model(state_size=8).model.layers[0].mixer.gates[2]
-    u = torch.randn(2, 9, gate.down.in_features, requires_grad=True)
-    exact = gate(u)
-    (grad_exact,) = torch.autograd.grad(exact.sum(), u)
+    slow channel's logit ~ -8 would move by ~0.03 with bf16 operands) and so do Hedgehog's feature
+    maps (a peaked softmax of bf16 logits), so their outputs equal the fp32 ones exactly, forward
+    and backward."""
+    if part == "decay-gate":
+        module = stateful_model(state_size=8).model.layers[0].mixer.gates[2]
+        u = torch.randn(2, 9, module.down.in_features, requires_grad=True)
+    else:
+        module = stateful_model(state_size=8, feature_map="hedgehog").model.layers[0].mixer.write_features
+        with torch.no_grad():
+            module.weight.add_(torch.randn_like(module.weight))  # a trained map, not the identity
+        u = torch.randn(2, 9, *module.weight.shape[:2], requires_grad=True)  # (B, L, h, N)
+    exact = module(u)
+    (grad_exact,) = torch.autograd.grad(exact.pow(2).sum(), u)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        mixed = gate(u)
-    (grad_mixed,) = torch.autograd.grad(mixed.sum(), u)
+        mixed = module(u)
+    (grad_mixed,) = torch.autograd.grad(mixed.pow(2).sum(), u)
     assert mixed.dtype == torch.float32
     torch.testing.assert_close(mixed, exact, rtol=0, atol=0)
     torch.testing.assert_close(grad_mixed, grad_exact, rtol=0, atol=0)
