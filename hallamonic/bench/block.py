@@ -33,17 +33,17 @@ def saved_bytes(fn) -> tuple[object, int]:
     return result, sum(seen.values())
 
 
-def _harmonic_layer(hidden: int, heads: int, state_size: int, recompute: bool, feature_map: str = "identity"):
+def _harmonic_layer(hidden: int, heads: int, **block):
+    """One HarmonicBlock and how to run it; ``block``: config keys (state_size, recompute_mixer, ...)."""
     from hallamonic.modeling import HallamonicConfig
     from hallamonic.modeling.modeling_hallamonic import HallamonicDecoderLayer
 
     config = HallamonicConfig(
         hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=1, num_attention_heads=heads,
-        num_key_value_heads=heads, state_size=state_size, recompute_mixer=recompute, vocab_size=8,
-        feature_map=feature_map,
+        num_key_value_heads=heads, vocab_size=8, **block,
     )
     layer = HallamonicDecoderLayer(config, 0)
-    run = layer._recomputed_mixer if recompute else layer.mixer  # the model's own recompute path
+    run = layer._recomputed_mixer if config.recompute_mixer else layer.mixer  # the model's own recompute path
     return layer.mixer, lambda x: run(x, None, None)[0]
 
 
@@ -86,11 +86,13 @@ def benchmark_blocks(
     torch.manual_seed(0)
     x = torch.randn(batch, length, hidden, requires_grad=True)
     rows = []
-    cases = [(f"harmonic N={n}", n, False, "identity") for n in state_sizes]
-    cases += [(f"harmonic N={n} recompute", n, True, "identity") for n in state_sizes if n > 1]
-    cases += [(f"harmonic N={n} hedgehog", n, False, "hedgehog") for n in state_sizes if n > 1]
-    for name, n, recompute, feature_map in cases:
-        module, run = _harmonic_layer(hidden, heads, n, recompute, feature_map)
+    expanded = [n for n in state_sizes if n > 1]
+    cases = [(f"harmonic N={n}", {"state_size": n}) for n in state_sizes]
+    cases += [(f"harmonic N={n} recompute", {"state_size": n, "recompute_mixer": True}) for n in expanded]
+    cases += [(f"harmonic N={n} hedgehog", {"state_size": n, "feature_map": "hedgehog"}) for n in expanded]
+    cases += [(f"harmonic N={n} delta", {"state_size": n, "update_rule": "delta"}) for n in expanded]
+    for name, block in cases:
+        module, run = _harmonic_layer(hidden, heads, **block)
         ms, memory = _time_forward_backward(module, run, x, repeats)
         rows.append({"mixer": name, "ms": ms, "saved_mb": memory / 2**20})
     module, run = _attention_layer(hidden, heads, length)
@@ -121,8 +123,8 @@ def block_command(
     repeats: int = 3, json_path: Path | None = None,
 ) -> None:
     """Forward+backward time and saved activation memory of one mixer: HarmonicBlock (N = 1, the
-    expanded state with and without recompute, and with Hedgehog features and a normalised read-out)
-    vs a Llama SDPA attention of the same width."""
+    expanded state with and without recompute, with Hedgehog features and a normalised read-out, and
+    with the gated delta rule) vs a Llama SDPA attention of the same width."""
     sizes = tuple(int(s) for s in state_sizes.split(","))
     rows = benchmark_blocks(batch, length, hidden, heads, sizes, repeats)
     print(f"one mixer, input ({batch}, {length}, {hidden}), {heads} heads, {torch.get_num_threads()} threads; "
