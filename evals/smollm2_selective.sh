@@ -9,7 +9,7 @@
 #   the recipe with phase1-focus on layers 20-24 and 100 phase-2 steps with KL (60.8 min): the recipe then,
 #     NAME=converted-focus bash evals/smollm2_selective.sh outputs/smollm2-focus evals/results/smollm2-135m-hallamonic-focus \
 #       --set phase2.kl_weight=1.0 --set phase2.steps=100
-#   the recipe now (phase 2: 125 steps, cross-entropy only; 61.8 min; its --sets are now the defaults):
+#   the recipe then (phase 2: 125 steps, cross-entropy only; 61.8 min; its --sets are now the defaults):
 #     NAME=converted-ce125 bash evals/smollm2_selective.sh outputs/smollm2-ce125 evals/results/smollm2-135m-hallamonic-ce125
 #     (the recipe since adds phase2.frozen_layers [20..24], measured from that run's focus by
 #     evals/results/smollm2-135m-phase2-sweep/run.sh frozen-20-24; to rerun the ce125 recipe add
@@ -26,10 +26,13 @@
 #   the recipe under bf16 autocast with 125 phase-2 steps (49.6 min): NAME=converted-bf16 bash evals/smollm2_selective.sh \
 #     outputs/smollm2-bf16 evals/results/smollm2-135m-hallamonic-bf16 --set phase2.steps=125 --set 'harmonic.hedgehog_layers=[]' \
 #     --set phase2.refit_steps=1500; with 220 phase-2 steps (measured from that run's focus): evals/results/smollm2-135m-hallamonic-bf16/README.md
-#   the recipe now (Hedgehog block in layer 23, 170 phase-2 steps, 1,200 refit steps; 55.9 min fresh; its --sets are now the defaults):
+#   the recipe before (Hedgehog block in layer 23, 170 phase-2 steps, 1,200 refit steps; 55.9 min fresh; add --set 'harmonic.delta_layers=[]'):
 #     NAME=converted-hedgehog23 bash evals/smollm2_selective.sh outputs/smollm2-hh23 evals/results/smollm2-135m-hallamonic-hedgehog23
 #   the gated delta rule in every layer (88.3 min; same LAMBADA, better 4K/16K bits, over budget): NAME=converted-delta \
 #     bash evals/smollm2_selective.sh outputs/smollm2-delta evals/results/smollm2-135m-hallamonic-delta --set harmonic.update_rule=delta
+#   the recipe now (the delta rule in layers 20, 21, 22, 24; 66.0 min fresh; its --set is now the default):
+#     NAME=converted-delta20 bash evals/smollm2_selective.sh outputs/smollm2-delta20 evals/results/smollm2-135m-hallamonic-delta20 \
+#       --set 'harmonic.delta_layers=[20,21,22,24]'  (to rerun the recipe before, hedgehog23: --set 'harmonic.delta_layers=[]')
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase2.steps=170 (as run: also --set phase1.recompute=true, a key since removed)
