@@ -305,7 +305,7 @@ class ConversionRun:
     log: MetricsLog
     resume: bool
 
-    def run(self, name: str, section, module: nn.Module, trainable: dict, loss_fn, stream, seed: int) -> PhaseResult:
+    def train(self, name: str, section, module: nn.Module, trainable: dict, loss_fn, stream, seed: int) -> PhaseResult:
         """``run_phase`` with this conversion's training settings, checkpoints and log."""
         return run_phase(
             name=name, accelerator=self.accelerator, module=module, trainable=trainable, loss_fn=loss_fn,
@@ -324,14 +324,15 @@ def _attention_transfer(run: ConversionRun, name: str, section, layers, teacher,
     trainable = {n: p for n, p in student.named_parameters() if p.requires_grad and n.startswith(prefixes)}
     every = len(layers) == len(student.model.layers)
     loss_fn = phase1_loss(teacher, pool=pool, layers=None if every else layers)
-    return run.run(name, section, stack, trainable, loss_fn, stream, seed=run.recipe.seed)
+    return run.train(name, section, stack, trainable, loss_fn, stream, seed=run.recipe.seed)
 
 
 def run_phase1(run: ConversionRun, teacher) -> PhaseResult:
     """Phase 1: every HarmonicBlock trained alone on its layer's teacher attention I/O."""
     p1 = run.recipe.phase1
     every = range(len(run.student.model.layers))
-    return _attention_transfer(run, "phase1", p1, every, teacher, stream=_phase1_tokens(run.recipe, run.tokens), pool=p1.teacher_pool > 0)
+    stream = _phase1_tokens(run.recipe, run.tokens)
+    return _attention_transfer(run, "phase1", p1, every, teacher, stream=stream, pool=p1.teacher_pool > 0)
 
 
 def check_layers(key: str, layers: list[int], count: int) -> None:
@@ -382,7 +383,7 @@ def run_phase2(run: ConversionRun, teacher) -> PhaseResult:
         teacher, kl_weight=section.kl_weight, teacher_window=window, chunk_size=section.chunk_size,
         ce_weight=section.ce_weight, hidden_weight=section.hidden_weight,
     )
-    result = run.run("phase2", section, model, trainable, loss_fn, run.tokens, seed=run.recipe.seed + 1)
+    result = run.train("phase2", section, model, trainable, loss_fn, run.tokens, seed=run.recipe.seed + 1)
     for param in held:  # trainable again for what comes after (the refit)
         param.requires_grad_(True)
     if section.gradient_checkpointing:
