@@ -23,7 +23,6 @@ def test_every_block_variant_gets_a_row_beside_attention():
         "harmonic N=1", "harmonic N=4", "harmonic N=4 recompute", "harmonic N=4 hedgehog", "harmonic N=4 delta",
         "llama attention (sdpa)",
     ]
-    assert rows[0]["time_vs_n1"] == 1.0 and rows[-1]["memory_vs_attention"] == 1.0
     by_name = {r["mixer"]: r for r in rows}
     assert by_name["harmonic N=4 recompute"]["saved_mb"] < by_name["harmonic N=4"]["saved_mb"]  # recompute keeps less
     assert all(r["saved_mb"] > 0 and r["ms"] > 0 for r in rows)
