@@ -63,6 +63,12 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or file."
 
 
 def main() -> None:  # pragma: no cover - console entry point
+    import sys
+
+    from hallamonic.allocator import exec_with_malloc_settings
+
+    # glibc's malloc tunables are read at start-up: run again with them set (allocator.py)
+    exec_with_malloc_settings([sys.executable, "-m", "hallamonic", *sys.argv[1:]])
     app()
 
 

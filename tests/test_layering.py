@@ -3,12 +3,13 @@
 Layers, top to bottom (a module may import its own unit and any unit of a lower layer; nothing
 sideways, nothing up):
 
+    6  hallamonic.__main__                              `python -m hallamonic`
     5  hallamonic.cli                                   the command line
     4  hallamonic.recipes                               conversion and study recipes as peers
     3  hallamonic.convert, hallamonic.study, hallamonic.bench
     2  hallamonic.training, hallamonic.evaluation
     1  hallamonic (the package root), hallamonic.data, hallamonic.loading, hallamonic.tiny,
-       hallamonic.console
+       hallamonic.console, hallamonic.allocator
     0  hallamonic.modeling                              self-contained remote code (relative imports only)
 
 Every import counts, also the ones inside functions. A new module must be given a layer here.
@@ -24,11 +25,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "hallamonic"
 LAYERS = (
     ("hallamonic.modeling",),
-    ("hallamonic", "hallamonic.data", "hallamonic.loading", "hallamonic.tiny", "hallamonic.console"),
+    ("hallamonic", "hallamonic.data", "hallamonic.loading", "hallamonic.tiny", "hallamonic.console", "hallamonic.allocator"),
     ("hallamonic.training", "hallamonic.evaluation"),
     ("hallamonic.convert", "hallamonic.study", "hallamonic.bench"),
     ("hallamonic.recipes",),
     ("hallamonic.cli",),
+    ("hallamonic.__main__",),
 )
 LAYER = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 

@@ -1,0 +1,5 @@
+"""`python -m hallamonic ...`: the same command line as `hallamonic ...`."""
+
+from hallamonic.cli import main
+
+main()

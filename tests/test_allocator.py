@@ -1,0 +1,73 @@
+"""The `hallamonic` command runs with glibc malloc tuned to keep freed memory (allocator.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hallamonic.allocator import MALLOC_SETTINGS, missing_malloc_settings
+
+
+def test_a_plain_glibc_environment_gets_every_setting():
+    assert missing_malloc_settings({"PATH": "/bin"}, libc="glibc") == MALLOC_SETTINGS
+
+
+@pytest.mark.parametrize(
+    "environ, libc",
+    [
+        ({"HALLAMONIC_MALLOC": "system"}, "glibc"),  # opted out
+        ({"HALLAMONIC_MALLOC": "System"}, "glibc"),
+        ({"MALLOC_TOP_PAD_": "0"}, "glibc"),  # the user tuned malloc: theirs win
+        ({}, ""),  # not glibc (musl, macOS): the names mean nothing there
+        (dict(MALLOC_SETTINGS), "glibc"),  # already there: the re-executed command does not loop
+    ],
+)
+def test_no_settings_when_opted_out_tuned_elsewhere_or_not_glibc(environ, libc):
+    assert missing_malloc_settings(environ, libc=libc) == {}
+
+
+def run_child(body: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in MALLOC_SETTINGS and k != "HALLAMONIC_MALLOC"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(body)], env={**environ, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+REEXEC = """
+    import os, sys
+    from hallamonic.allocator import exec_with_malloc_settings
+    print("before", os.environ.get("MALLOC_MMAP_THRESHOLD_"), flush=True)
+    exec_with_malloc_settings([sys.executable, "-c", "import os; print('after', os.environ.get('MALLOC_MMAP_THRESHOLD_'))"])
+    print("not replaced")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().sysname != "Linux", reason="glibc on Linux only")
+def test_exec_replaces_the_process_with_one_that_has_the_settings():
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    result = run_child(REEXEC)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["before None", f"after {MALLOC_SETTINGS['MALLOC_MMAP_THRESHOLD_']}"]
+
+
+def test_opting_out_keeps_the_process():
+    result = run_child(REEXEC, HALLAMONIC_MALLOC="system")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["before None", "not replaced"]
+
+
+def test_the_command_line_runs_through_the_re_execution():
+    result = run_child("""
+        import sys
+        sys.argv = ["hallamonic", "recipes", "list"]
+        from hallamonic.cli import main
+        main()
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "smollm2-135m" in result.stdout
