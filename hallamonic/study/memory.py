@@ -16,22 +16,27 @@ allocated, not with what it needs at once: the harmonic step's 2,048-token recom
 ~1.2 MB temporaries by the hundred, and its peak RSS read 645 MB at 4K tokens against 211 MB with the
 threshold fixed at 128 KB (the transformer's: 286 vs 207 MB). The memory child fixes the threshold
 so every model's peak is what it holds, not what the allocator kept; the step is then timed in a
-second child with the default allocator, since small mmaps are slower.
+second child with the default allocator, since small mmaps are slower. Both children start without
+the malloc settings the `hallamonic` command runs with (``hallamonic/allocator.py``): those keep
+every freed block, and a 1 GiB heap pad serves later blocks before any threshold is consulted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import json
 import math
 import multiprocessing
+import os
 import resource
 import time
 from pathlib import Path
 
 import torch
 
+from hallamonic.allocator import MALLOC_SETTINGS
 from hallamonic.study.models import Architecture, build_architectures
 from hallamonic.study.recipe import StudyRecipe
 from hallamonic.study.runner import implementation
@@ -108,6 +113,16 @@ def _cpu_child(arch: Architecture, length: int, batch_size: int, cap_bytes: int,
             queue.put({"status": f"error: {type(err).__name__}", "error": str(err)[:300]})
 
 
+@contextlib.contextmanager
+def _glibc_default_malloc():
+    """Within the block, child processes start with glibc's own malloc settings."""
+    saved = {name: os.environ.pop(name) for name in MALLOC_SETTINGS if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def _measure_cpu(arch: Architecture, length: int, batch_size: int, limit_gb: float) -> dict:
     context = multiprocessing.get_context("spawn")
     cap = int((2 * limit_gb + 4) * 2**30)  # room for the interpreter, torch and its virtual reservations
@@ -115,7 +130,8 @@ def _measure_cpu(arch: Architecture, length: int, batch_size: int, limit_gb: flo
     for measure in ("memory", "time"):
         queue = context.Queue()
         child = context.Process(target=_cpu_child, args=(arch, length, batch_size, cap, torch.get_num_threads(), measure, queue))
-        child.start()
+        with _glibc_default_malloc():
+            child.start()
         child.join()
         result = queue.get() if not queue.empty() else {"status": f"failed (exit code {child.exitcode})"}
         if result["status"] != "ok":

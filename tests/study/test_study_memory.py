@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -37,3 +38,18 @@ def test_memory_child_can_fix_the_mmap_threshold():
     # In a fresh interpreter: the setting would slow every later test in this one.
     code = "from hallamonic.study.memory import return_freed_memory as r; raise SystemExit(0 if r() else 1)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the malloc settings are glibc's")
+def test_memory_children_start_without_the_commands_malloc_settings(monkeypatch):
+    # The `hallamonic` command runs with malloc keeping freed memory; a measured step must not.
+    from hallamonic.allocator import MALLOC_SETTINGS
+    from hallamonic.study.memory import _glibc_default_malloc
+
+    for name, value in MALLOC_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    with _glibc_default_malloc():
+        seen = subprocess.run([sys.executable, "-c", "import os; print(sorted(k for k in os.environ if k.startswith('MALLOC_')))"],
+                              capture_output=True, text=True).stdout.strip()
+    assert seen == "[]"
+    assert all(os.environ[name] == value for name, value in MALLOC_SETTINGS.items())  # restored after
