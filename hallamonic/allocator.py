@@ -5,13 +5,16 @@ a fresh ``mmap``, gives it back with ``munmap`` when freed, and trims the heap t
 A training step on CPU allocates and frees hundreds of megabytes of activations, logits and
 gradients, so every step pays the kernel again for mapping and zero-filling that memory (here, in a
 Firecracker VM, it showed as system time close to the user time). Measured on the 2-core machine,
-`hallamonic bench convert smollm2-135m --steps 4`: a phase-2 step 9.42 s with glibc's defaults, 5.34 s
-with the settings below (README, "Speed"). The price: the process keeps its peak heap until it exits.
+`hallamonic bench convert smollm2-135m --steps 4`: a phase-2 step 9.42 / 9.58 / 7.97 s with glibc's
+defaults, 5.34 / 6.67 / 5.70 s with the settings below (`benchmarks/results/malloc`). But a whole
+fresh conversion with them (`evals/results/smollm2-135m-hallamonic-malloc`) took 73.6 min against
+66.0 without: phase 2 no faster than before, phase 1, the focus and the refit 7-19% slower, 13.9 GB
+kept resident. Not shown to pay on the job that matters, so it is opt-in: ``HALLAMONIC_MALLOC=keep``.
 
 PyTorch's CPU allocator has no cache of its own (it calls ``posix_memalign`` / ``free``), so glibc's
-tunables are the knob that reaches it. They are read once, when the process starts, so the
-``hallamonic`` command re-executes itself with them set (:func:`exec_with_malloc_settings`); set
-``HALLAMONIC_MALLOC=system`` to keep glibc's defaults. (``mallopt`` from inside a running process,
+tunables are the knob that reaches it. They are read once, when the process starts, so with
+``HALLAMONIC_MALLOC=keep`` the ``hallamonic`` command re-executes itself with them set
+(:func:`exec_with_malloc_settings`); without it, glibc's defaults. (``mallopt`` from inside a running process,
 tried first, recovered about half of the gain: it cannot set the trim threshold above 2 GiB.)
 """
 
@@ -30,10 +33,10 @@ MALLOC_SETTINGS = {
 
 
 def missing_malloc_settings(environ: Mapping[str, str], libc: str | None = None) -> dict[str, str]:
-    """The settings ``environ`` lacks: empty when they are all there, when glibc is not the C
-    library, or when ``HALLAMONIC_MALLOC=system`` opts out. Settings the user gave win."""
+    """The settings ``environ`` lacks when ``HALLAMONIC_MALLOC=keep`` asks for them: empty without
+    it, when they are all there, or when glibc is not the C library. Settings the user gave win."""
     libc = platform.libc_ver()[0] if libc is None else libc
-    if environ.get("HALLAMONIC_MALLOC", "").lower() == "system" or libc != "glibc":
+    if environ.get("HALLAMONIC_MALLOC", "").lower() != "keep" or libc != "glibc":
         return {}
     if any(name in environ for name in MALLOC_SETTINGS):  # the user tuned malloc: leave it be
         return {}

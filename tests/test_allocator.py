@@ -1,4 +1,4 @@
-"""The `hallamonic` command runs with glibc malloc tuned to keep freed memory (allocator.py)."""
+"""`HALLAMONIC_MALLOC=keep` runs the `hallamonic` command with glibc malloc keeping freed memory (allocator.py)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,21 @@ import pytest
 from hallamonic.allocator import MALLOC_SETTINGS, missing_malloc_settings
 
 
-def test_a_plain_glibc_environment_gets_every_setting():
-    assert missing_malloc_settings({"PATH": "/bin"}, libc="glibc") == MALLOC_SETTINGS
+def test_asking_for_it_on_glibc_gets_every_setting():
+    assert missing_malloc_settings({"HALLAMONIC_MALLOC": "keep"}, libc="glibc") == MALLOC_SETTINGS
 
 
 @pytest.mark.parametrize(
     "environ, libc",
     [
-        ({"HALLAMONIC_MALLOC": "system"}, "glibc"),  # opted out
-        ({"HALLAMONIC_MALLOC": "System"}, "glibc"),
-        ({"MALLOC_TOP_PAD_": "0"}, "glibc"),  # the user tuned malloc: theirs win
-        ({}, ""),  # not glibc (musl, macOS): the names mean nothing there
-        (dict(MALLOC_SETTINGS), "glibc"),  # already there: the re-executed command does not loop
+        ({}, "glibc"),  # the default: glibc's own settings
+        ({"HALLAMONIC_MALLOC": "system"}, "glibc"),
+        ({"HALLAMONIC_MALLOC": "keep", "MALLOC_TOP_PAD_": "0"}, "glibc"),  # the user tuned malloc: theirs win
+        ({"HALLAMONIC_MALLOC": "keep"}, ""),  # not glibc (musl, macOS): the names mean nothing there
+        ({"HALLAMONIC_MALLOC": "keep", **MALLOC_SETTINGS}, "glibc"),  # already there: the re-executed command does not loop
     ],
 )
-def test_no_settings_when_opted_out_tuned_elsewhere_or_not_glibc(environ, libc):
+def test_no_settings_unless_asked_for_and_missing_on_glibc(environ, libc):
     assert missing_malloc_settings(environ, libc=libc) == {}
 
 
@@ -51,19 +51,19 @@ def test_exec_replaces_the_process_with_one_that_has_the_settings():
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
-    result = run_child(REEXEC)
+    result = run_child(REEXEC, HALLAMONIC_MALLOC="keep")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == ["before None", f"after {MALLOC_SETTINGS['MALLOC_MMAP_THRESHOLD_']}"]
 
 
-def test_opting_out_keeps_the_process():
-    result = run_child(REEXEC, HALLAMONIC_MALLOC="system")
+def test_by_default_the_process_stays():
+    result = run_child(REEXEC)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == ["before None", "not replaced"]
 
 
 def test_the_command_line_runs_through_the_re_execution():
-    result = run_child("""
+    result = run_child(HALLAMONIC_MALLOC="keep", body="""
         import sys
         sys.argv = ["hallamonic", "recipes", "list"]
         from hallamonic.cli import main
