@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
 import numpy as np
@@ -30,6 +29,7 @@ from hallamonic.evaluation.data import lambada_texts
 from hallamonic.evaluation.lambada import evaluate_lambada
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 from hallamonic.training.packing import PackedBatches
+from retrain import warmup_cosine
 from swap import HERE, LAMBADA, TOKENS, parse_layers
 
 
@@ -120,10 +120,7 @@ def main() -> None:
     before = lambada()
     print(json.dumps({"before": before}), flush=True)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warm = max(args.steps // 10, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(  # warm-up, then cosine to 0.1, like the recipes
-        opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(args.steps - warm, 1)))
-    )
+    sched = warmup_cosine(opt, args.steps)
     g = torch.Generator().manual_seed(0)
     start, curve = time.time(), []
     for step in range(args.steps):

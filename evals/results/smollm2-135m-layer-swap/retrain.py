@@ -84,13 +84,18 @@ def retrieval_scores(teacher, seqs, layers) -> dict[int, torch.Tensor]:
     return {i: torch.cat(scores[i]) for i in layers}
 
 
+def warmup_cosine(opt, steps: int):
+    """Warm-up over 10% of ``steps``, then cosine to 0.1 of the peak, like the recipes."""
+    warm = max(steps // 10, 1)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
+    )
+
+
 def train(block, x_all, y_all, steps: int, lr: float, seed: int, w_all=None) -> None:
     params = [p for p in block.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warm = max(steps // 10, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(  # warm-up, then cosine to 0.1, like the recipes
-        opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
-    )
+    sched = warmup_cosine(opt, steps)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         idx = torch.randint(0, len(x_all), (BATCH,), generator=g)
