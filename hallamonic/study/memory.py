@@ -17,7 +17,7 @@ allocated, not with what it needs at once: the harmonic step's 2,048-token recom
 threshold fixed at 128 KB (the transformer's: 286 vs 207 MB). The memory child fixes the threshold
 so every model's peak is what it holds, not what the allocator kept; the step is then timed in a
 second child with the default allocator, since small mmaps are slower. Both children start without
-the malloc settings the `hallamonic` command runs with (``hallamonic/allocator.py``): those keep
+the malloc settings `HALLAMONIC_MALLOC=keep` gives the `hallamonic` command (``hallamonic/allocator.py``): those keep
 every freed block, and a 1 GiB heap pad serves later blocks before any threshold is consulted.
 """
 
