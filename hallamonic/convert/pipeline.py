@@ -27,7 +27,7 @@ from torch import nn
 
 from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.export import export, plot_losses
-from hallamonic.convert.phases import MixerStack, attention_transfer_errors, blocks_in, phase1_loss, phase2_loss
+from hallamonic.convert.phases import MixerStack, attention_transfer_errors, compiler_available, blocks_in, phase1_loss, phase2_loss
 from hallamonic.convert.recipe import Recipe, recipe_to_yaml
 from hallamonic.convert.surgery import build_student, calibrate_blocks, parameter_counts
 from hallamonic.data import DataError
@@ -319,7 +319,10 @@ def _attention_transfer(run: ConversionRun, name: str, section, layers, teacher,
     """Train the blocks of ``layers`` alone on their teacher attention I/O (phase 1's loss) for
     ``section.steps`` steps over ``stream``; ``pool`` captures each sequence's teacher I/O once."""
     student = run.student
-    stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=section.normalize)
+    if section.compile and not compiler_available(run.accelerator.device.type):
+        raise ValueError("recipe key `phase1.compile: true` needs a C++ compiler for torch.compile on CPU (g++ or clang++, "
+                         "or $CXX): install one (e.g. apt install g++) or set phase1.compile=false")
+    stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=section.normalize, compile=section.compile)
     prefixes = tuple(f"model.layers.{i}.mixer." for i in layers)
     trainable = {n: p for n, p in student.named_parameters() if p.requires_grad and n.startswith(prefixes)}
     every = len(layers) == len(student.model.layers)

@@ -77,6 +77,7 @@ class Phase1Section(PhaseSection):
     focus_lr: float = 1e-3  # their peak learning rate (warm-up 10% of focus_steps, then phase1.schedule)
     focus_pool: int = 48  # sequences of phase1.seq_len they cycle over, the teacher's I/O captured once each
     teacher_dtype: str | None = None  # dtype of the teacher pass that feeds attention transfer (null = base.dtype)
+    compile: bool = False  # torch.compile the blocks that attention transfer trains (phase 1, its focus, the phase-2 refit)
 
 
 @dataclass

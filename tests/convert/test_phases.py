@@ -106,6 +106,31 @@ def test_layerwise_gradients_equal_one_backward_through_every_mixer(accumulate):
         assert not stack(*batches[0]).requires_grad
 
 
+@pytest.mark.skipif(not phases.compiler_available(), reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_stack_gives_the_eager_losses_and_gradients():
+    """phase1.compile: the stack runs torch.compile'd callers of the same blocks; losses and
+    gradients must be the eager ones (to fp32 fusion error), and the blocks themselves stay eager."""
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    mixers = [layer.mixer for layer in student.model.layers]
+    params = [p for m in mixers for p in m.parameters() if p.requires_grad]
+    inputs, targets = capture_attention_io(teacher, torch.randint(0, 300, (2, 40)))
+    results = []
+    for compile in (False, True):
+        stack = MixerStack(mixers, compile=compile)
+        stack.zero_grad()
+        losses = stack(inputs, targets)
+        losses.mean().backward()
+        results.append((losses.detach(), [p.grad.clone() for p in params]))
+    (eager_losses, eager_grads), (compiled_losses, compiled_grads) = results
+    torch.testing.assert_close(compiled_losses, eager_losses, rtol=1e-4, atol=1e-6)
+    for got, want in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+    assert all(type(call).__name__ == "OptimizedModule" for call in MixerStack(mixers, compile=True).calls)
+    assert not any(hasattr(m, "_orig_mod") for m in student.modules())  # the model is not wrapped
+
+
 def test_phase2_loss_weighs_cross_entropy_and_kl_to_the_teacher():
     torch.manual_seed(0)
     teacher = build_tiny_llama(300).eval()
