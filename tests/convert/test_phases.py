@@ -131,6 +131,25 @@ def test_compiled_stack_gives_the_eager_losses_and_gradients():
     assert not any(hasattr(m, "_orig_mod") for m in student.modules())  # the model is not wrapped
 
 
+def test_compile_without_a_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    import hallamonic.convert.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "compiler_available", lambda device: False)
+    recipe = load_recipe("tiny", ["phase1.steps=1", "phase1.compile=true", "phase2.steps=0", "checkpoint.every=0", "eval.max_windows=0"])
+    with pytest.raises(ValueError, match=r"phase1.compile: true. needs a C\+\+ compiler"):
+        convert(recipe, tmp_path / "out")
+
+
+def test_compiler_available_finds_one_on_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    assert not phases.compiler_available("cpu") and phases.compiler_available("cuda")
+    fake = tmp_path / "g++"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert phases.compiler_available("cpu")
+
+
 def test_phase2_loss_weighs_cross_entropy_and_kl_to_the_teacher():
     torch.manual_seed(0)
     teacher = build_tiny_llama(300).eval()
