@@ -177,6 +177,9 @@ def convert(
     # Everything that can fail on bad input (folder policy, model, data) runs before the output
     # folder is touched, so a typo never leaves a half-made folder behind.
     check_output_dir(out, overwrite=overwrite, resume=resume)
+    if recipe.phase1.compile and not compiler_available(accelerator.device.type):
+        raise ValueError("recipe key `phase1.compile: true` needs a C++ compiler for torch.compile on CPU (g++ or clang++, "
+                         "or $CXX): install one (e.g. apt install g++) or set phase1.compile=false")
     teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
     teacher.eval().requires_grad_(False)
     layer_lists = (  # (key, layers, in use): checked only when used (a non-Llama base has no model.layers)
@@ -319,9 +322,6 @@ def _attention_transfer(run: ConversionRun, name: str, section, layers, teacher,
     """Train the blocks of ``layers`` alone on their teacher attention I/O (phase 1's loss) for
     ``section.steps`` steps over ``stream``; ``pool`` captures each sequence's teacher I/O once."""
     student = run.student
-    if section.compile and not compiler_available(run.accelerator.device.type):
-        raise ValueError("recipe key `phase1.compile: true` needs a C++ compiler for torch.compile on CPU (g++ or clang++, "
-                         "or $CXX): install one (e.g. apt install g++) or set phase1.compile=false")
     stack = MixerStack([student.model.layers[i].mixer for i in layers], normalize=section.normalize, compile=section.compile)
     prefixes = tuple(f"model.layers.{i}.mixer." for i in layers)
     trainable = {n: p for n, p in student.named_parameters() if p.requires_grad and n.startswith(prefixes)}
