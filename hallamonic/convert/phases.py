@@ -49,6 +49,30 @@ def compiler_available(device: str = "cpu") -> bool:
     return any(shutil.which(name) for name in filter(None, (os.environ.get("CXX"), "g++", "clang++")))
 
 
+def phase2_compiled_mixers(model: nn.Module) -> list[nn.Module]:
+    """The blocks ``phase2.compile`` compiles: those phase 2 trains, except the first layer's.
+
+    Dynamo keeps one graph per block kind, input shape and gradient pattern. The first layer reads
+    the frozen embeddings, an input that needs no gradient, so its block would need a graph of its
+    own (~1 min of compiling on 2 cores, cold) for one layer's share of the gain; frozen blocks (on SmolLM2 the
+    delta-rule and Hedgehog recall layers) would need graphs of their own for this phase alone."""
+    layers = _decoder_layers(model)
+    return [layer.mixer for layer in layers[1:] if any(p.requires_grad for p in layer.mixer.parameters())]
+
+
+@contextlib.contextmanager
+def compiled_in_place(modules: list[nn.Module]):
+    """``Module.compile()`` each module for the duration (same parameters, same state_dict names,
+    so checkpoints written meanwhile are the eager model's), eager again afterwards."""
+    for module in modules:
+        module.compile(dynamic=False)  # see MixerStack: a new shape gets its own static graph
+    try:
+        yield
+    finally:
+        for module in modules:
+            module._compiled_call_impl = None  # what Module.compile set: __call__ runs forward again
+
+
 class MixerStack(nn.Module):
     """The student's mixers as one module: phase 1 is one forward and one backward (one DDP unit).
 
@@ -68,7 +92,10 @@ class MixerStack(nn.Module):
         # fusing a block's elementwise work made a SmolLM2 block's forward+backward ~1.9x faster on
         # the 2-core CPU; dynamo keeps one graph per block kind (decayed sum, delta rule, Hedgehog)
         # and input shape, shared by every layer and every phase that uses that shape.
-        self.calls = [torch.compile(mixer) for mixer in mixers] if compile else list(mixers)
+        # dynamic=False: the blocks' forward is one code object for dynamo, so without it the second
+        # shape it sees (phase 2's 1 x 1,024 after phase 1's 4 x 512) is recompiled with symbolic
+        # sizes, and those kernels ran a SmolLM2 block's forward+backward 3-4x slower than static ones.
+        self.calls = [torch.compile(mixer, dynamic=False) for mixer in mixers] if compile else list(mixers)
 
     def forward(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor:
         """Per-layer regression losses, shape (layers,); their backward delivers the gradients

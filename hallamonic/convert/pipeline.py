@@ -27,7 +27,10 @@ from torch import nn
 
 from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.export import export, plot_losses
-from hallamonic.convert.phases import MixerStack, attention_transfer_errors, compiler_available, blocks_in, phase1_loss, phase2_loss
+from hallamonic.convert.phases import (
+    MixerStack, attention_transfer_errors, blocks_in, compiled_in_place, compiler_available, phase1_loss, phase2_compiled_mixers,
+    phase2_loss,
+)
 from hallamonic.convert.recipe import Recipe, recipe_to_yaml
 from hallamonic.convert.surgery import build_student, calibrate_blocks, parameter_counts
 from hallamonic.data import DataError
@@ -177,9 +180,10 @@ def convert(
     # Everything that can fail on bad input (folder policy, model, data) runs before the output
     # folder is touched, so a typo never leaves a half-made folder behind.
     check_output_dir(out, overwrite=overwrite, resume=resume)
-    if recipe.phase1.compile and not compiler_available(accelerator.device.type):
-        raise ValueError("recipe key `phase1.compile: true` needs a C++ compiler for torch.compile on CPU (g++ or clang++, "
-                         "or $CXX): install one (e.g. apt install g++) or set phase1.compile=false")
+    for key, wanted in (("phase1.compile", recipe.phase1.compile), ("phase2.compile", recipe.phase2.compile and recipe.phase2.steps > 0)):
+        if wanted and not compiler_available(accelerator.device.type):
+            raise ValueError(f"recipe key `{key}: true` needs a C++ compiler for torch.compile on CPU (g++ or clang++, "
+                             f"or $CXX): install one (e.g. apt install g++) or set {key}=false")
     teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
     teacher.eval().requires_grad_(False)
     layer_lists = (  # (key, layers, in use): checked only when used (a non-Llama base has no model.layers)
@@ -386,7 +390,9 @@ def run_phase2(run: ConversionRun, teacher) -> PhaseResult:
         teacher, kl_weight=section.kl_weight, teacher_window=window, chunk_size=section.chunk_size,
         ce_weight=section.ce_weight, hidden_weight=section.hidden_weight,
     )
-    result = run.train("phase2", section, model, trainable, loss_fn, run.tokens, seed=run.recipe.seed + 1)
+    compiled = phase2_compiled_mixers(student) if section.compile else []
+    with compiled_in_place(compiled):
+        result = run.train("phase2", section, model, trainable, loss_fn, run.tokens, seed=run.recipe.seed + 1)
     for param in held:  # trainable again for what comes after (the refit)
         param.requires_grad_(True)
     if section.gradient_checkpointing:

@@ -96,6 +96,7 @@ class Phase2Section(PhaseSection):
     refit_steps: int = 0  # > 0: that many steps on refit_layers, on the converted model's own inputs ("phase2-refit")
     refit_lr: float = 1e-3  # their peak learning rate (warm-up 10% of refit_steps, then phase1.schedule)
     refit_pool: int = 192  # sequences of phase1.seq_len they cycle over, each one's I/O captured once
+    compile: bool = False  # torch.compile the blocks phase 2 trains, in place for the phase (the first layer's stays eager)
 
 
 @dataclass

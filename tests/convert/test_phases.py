@@ -131,13 +131,57 @@ def test_compiled_stack_gives_the_eager_losses_and_gradients():
     assert all(m._compiled_call_impl is None for m in mixers)  # compiled beside the model, not in place (Module.compile)
 
 
-def test_compile_without_a_compiler_is_a_clear_error(tmp_path, monkeypatch):
+@pytest.mark.parametrize("key", ["phase1.compile", "phase2.compile"])
+def test_compile_without_a_compiler_is_a_clear_error(tmp_path, monkeypatch, key):
     import hallamonic.convert.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "compiler_available", lambda device: False)
-    recipe = load_recipe("tiny", ["phase1.steps=1", "phase1.compile=true", "phase2.steps=0", "checkpoint.every=0", "eval.max_windows=0"])
-    with pytest.raises(ValueError, match=r"phase1.compile: true. needs a C\+\+ compiler"):
+    recipe = load_recipe("tiny", ["phase1.steps=1", "phase2.steps=1", f"{key}=true", "checkpoint.every=0", "eval.max_windows=0"])
+    with pytest.raises(ValueError, match=rf"{key}: true. needs a C\+\+ compiler.*set {key}=false"):
         convert(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def _phase2_student():
+    torch.manual_seed(0)
+    teacher = build_tiny_llama(300, num_layers=3).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    student.model.layers[2].mixer.requires_grad_(False)  # a frozen layer (phase2.frozen_layers)
+    return student
+
+
+def test_phase2_compiles_the_blocks_it_trains_after_the_first():
+    student = _phase2_student()
+    layers = student.model.layers
+    assert phases.phase2_compiled_mixers(student) == [layers[1].mixer]  # not layer 0 (no input gradient), not frozen 2
+
+
+@pytest.mark.skipif(not phases.compiler_available(), reason="torch.compile on CPU needs a C++ compiler")
+def test_phase2_compiled_blocks_give_the_eager_loss_and_gradients_and_turn_eager_again():
+    """phase2.compile: the trained blocks are compiled in place for the phase; the next-token loss
+    and every gradient must be the eager ones, the state_dict's names unchanged, and afterwards the
+    blocks are plain eager modules again (export and evaluation run eager)."""
+    student = _phase2_student()
+    ids = torch.randint(0, 300, (2, 40))
+    params = [p for p in student.parameters() if p.requires_grad]
+    names = list(student.state_dict())
+
+    def loss_and_grads():
+        student.zero_grad()
+        loss = student(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in params]
+
+    eager_loss, eager_grads = loss_and_grads()
+    compiled = phases.phase2_compiled_mixers(student)
+    with phases.compiled_in_place(compiled):
+        assert all(m._compiled_call_impl is not None for m in compiled)
+        assert list(student.state_dict()) == names
+        compiled_loss, compiled_grads = loss_and_grads()
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+    assert all(m._compiled_call_impl is None for m in student.model.layers.modules() if isinstance(m, torch.nn.Module))
 
 
 def test_compiler_available_finds_one_on_path(tmp_path, monkeypatch):

@@ -44,12 +44,16 @@ sys.path.insert(0, str(HERE.parent / "smollm2-135m-transfer-probe"))
 from probe import ProbeBlock, parse_variant  # noqa: E402
 
 
-def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal, y_cal, sink: bool = False) -> ProbeBlock:
+def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal, y_cal, sink: bool = False, densink: bool = False,
+                features: int = 0) -> ProbeBlock:
     torch.manual_seed(layer)
-    block = ProbeBlock(config, feature, normalise, layer, sink)
+    block = ProbeBlock(config, feature, normalise, layer, sink, densink, features)
     for module in block.modules():  # the model's own init (gate timescales, zero up-projections)
         HallamonicPreTrainedModel._init_weights(types.SimpleNamespace(config=config), module)
     block.init_from_attention(teacher.model.layers[layer].self_attn)
+    if densink:  # the sink key starts as the teacher's key at the first position (the sink's)
+        with torch.no_grad():
+            block.sink_key.copy_(block.state_write(x_cal[:, 0]).float().mean(0).view_as(block.sink_key))
     with torch.no_grad():  # the pipeline's calibration
         rms = block.value_stream(x_cal).float().pow(2).mean().sqrt().item()
         for norm in block.error_norms:
@@ -57,6 +61,52 @@ def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal
         m = block(x_cal)[0].float()
         block.o_proj.weight.mul_((m * y_cal.float()).sum() / (m * m).sum())
     return block
+
+
+def teacher_log_probs(attention, rotary, x) -> torch.Tensor:
+    """The teacher attention's causal log-probabilities on its inputs x (B, L, hidden): (B, H, L, L)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    batch, length, _ = x.shape
+    d = attention.head_dim
+    q = attention.q_proj(x).view(batch, length, -1, d).transpose(1, 2)  # (B, H, L, d)
+    k = attention.k_proj(x).view(batch, length, -1, d).transpose(1, 2)  # (B, Hkv, L, d)
+    cos, sin = rotary(x, torch.arange(length).unsqueeze(0))
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k = repeat_kv(k, q.shape[1] // k.shape[1])  # (B, H, L, d)
+    logits = (q.float() @ k.float().transpose(-1, -2)) * d**-0.5  # (B, H, L, L)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    return logits.masked_fill(~causal, float("-inf")).log_softmax(-1)
+
+
+def attention_kl(block, attention, rotary, x_all, steps: int, lr: float, seed: int) -> list[float]:
+    """Hedgehog's own objective before the output MSE: fit the block's normalised q.k weights
+    (feature maps and write / read maps; no decay) to the teacher's attention probabilities by
+    KL(teacher || block). Returns the loss every 25 steps."""
+    params = [block.state_write.weight, block.state_read.weight, block.fk, block.fq]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    causal = None
+    losses = []
+    for step in range(steps):
+        x = x_all[torch.randint(0, len(x_all), (2,), generator=g)]  # (2, 512, hidden)
+        with torch.no_grad():
+            target = teacher_log_probs(attention, rotary, x)  # (B, H, L, L)
+        write, read = block._state_maps(block.state_write(x), block.state_read(x))  # (B, L, H, F) each
+        scores = torch.einsum("bthf,bshf->bhts", read, write)  # (B, H, L, L), >= 0
+        if causal is None:
+            causal = torch.ones(scores.shape[-1], scores.shape[-1], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, 0.0)
+        log_student = (scores + 1e-12).log() - scores.sum(-1, keepdim=True).log()
+        p = target.exp()
+        loss = (p * (target - log_student)).masked_fill(~causal, 0.0).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 25 == 0 or step == steps - 1:
+            losses.append(round(loss.item(), 4))
+    return losses
 
 
 def main() -> None:
@@ -87,8 +137,14 @@ def main() -> None:
         blocks, mse = {}, {}
         for i in layers:
             x_all, y_all = train_io[i]
-            blocks[i] = fresh_block(config, feature, normalise, teacher, i, x_all[:2], y_all[:2], options.get("sink") == "true")
+            blocks[i] = fresh_block(config, feature, normalise, teacher, i, x_all[:2], y_all[:2], options.get("sink") == "true",
+                                   options.get("densink") == "true", int(options.get("features", 0)))
             mse[i] = {"calibrated": normalised_mse(blocks[i], *held[i])}
+            if "attnkl" in options:  # Hedgehog's attention-weight distillation first
+                kl = attention_kl(blocks[i], attentions[i], teacher.model.rotary_emb, x_all, int(options["attnkl"]), args.lr, i)
+                mse[i]["attention_kl"] = kl
+                mse[i]["after_kl"] = normalised_mse(blocks[i], *held[i])
+                print(f"  {variant} layer {i}: attention KL {kl}, error {mse[i]['after_kl']:.3f}", flush=True)
             train(blocks[i], x_all, y_all, steps=args.steps, lr=args.lr, seed=i)
             mse[i]["trained"] = normalised_mse(blocks[i], *held[i])
             print(f"  {variant} layer {i}: {mse[i]['calibrated']:.3f} -> {mse[i]['trained']:.3f}", flush=True)

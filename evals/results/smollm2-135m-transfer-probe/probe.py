@@ -57,17 +57,25 @@ LR = 2e-3
 
 
 class ProbeBlock(HarmonicBlock):
-    def __init__(self, config, feature: str, normalise: str, layer_idx: int = 0, sink: bool = False):
+    def __init__(self, config, feature: str, normalise: str, layer_idx: int = 0, sink: bool = False, densink: bool = False,
+                 features: int = 0):
         super().__init__(config, layer_idx)
         self.feature, self.normalise = feature, normalise
+        if densink:  # a sink in the normalised read-out's denominator: a fixed, never-decaying key
+            # (the teacher's first-token key; set by the caller), weighted like the current token
+            self.sink_key = nn.Parameter(torch.zeros(config.num_key_value_heads, config.state_size))  # (Hkv, N)
+            self.sink_scale = nn.Parameter(torch.zeros(config.num_attention_heads))  # (H,) log weight
         if sink:  # an attention-sink term: per head sigmoid(w.x + c) * v_sink, added before o_proj
             self.sink_gate = nn.Linear(config.hidden_size, config.num_attention_heads)
             self.sink_value = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
         n = config.state_size
         if feature in ("hedgehog", "softmax"):
             eye = torch.eye(n)
-            self.fk = nn.Parameter(eye.repeat(config.num_key_value_heads, 1, 1))  # (Hkv, N, N)
-            self.fq = nn.Parameter(eye.repeat(config.num_attention_heads, 1, 1))  # (H, N, N)
+            if features > n:  # M > N softmax logits per half: the identity, then random projections
+                extra = torch.randn(features - n, n, generator=torch.Generator().manual_seed(layer_idx)) / n**0.5
+                eye = torch.cat([eye, extra])  # (M, N)
+            self.fk = nn.Parameter(eye.repeat(config.num_key_value_heads, 1, 1))  # (Hkv, M, N)
+            self.fq = nn.Parameter(eye.repeat(config.num_attention_heads, 1, 1))  # (H, M, N)
         if normalise == "delta":  # per query head write strength of the delta rule
             self.beta_proj = nn.Linear(config.hidden_size, config.num_attention_heads)
         if normalise == "rms":
@@ -115,6 +123,11 @@ class ProbeBlock(HarmonicBlock):
         y, new = selective_scan(split(b), split(log_a), write, read, None)
         if self.normalise == "den":
             den, _ = selective_scan(split(rate), split(log_a), write, read, None)
+            if hasattr(self, "sink_key"):  # + (1 - a_t) exp(lambda) phi(q_t).phi(k_sink): no decay
+                key = self._phi(self.sink_key.float()[None, None], getattr(self, "fk", None))[0, 0]  # (Hkv, F)
+                key = key.repeat_interleave(self.kv_groups, dim=0)  # (H, F)
+                sink = (read * key).sum(-1) * self.sink_scale.float().exp()  # (B, L, H)
+                den = den + split(rate) * sink.unsqueeze(-1)
             y = y / den.clamp_min(1e-6)
         elif self.normalise == "rms":
             y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
