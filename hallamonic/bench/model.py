@@ -88,14 +88,18 @@ def build_model(kind: str, widths: dict, device: str) -> torch.nn.Module:
 
 
 def cache_bytes(cache) -> int:
-    """Bytes of every distinct tensor a cache holds (KV tensors, recurrent states), whatever its layout."""
+    """Bytes of every distinct tensor a cache holds (KV tensors, recurrent states), whatever its layout.
+
+    0-d tensors are left out: they are bookkeeping (transformers >= 5.25 keeps a token counter per
+    linear-attention layer as a scalar tensor), not memory that grows with heads, levels or context.
+    """
     seen, total = set(), 0
 
     def visit(obj) -> None:
         nonlocal total
         if isinstance(obj, torch.Tensor):
             key = (obj.untyped_storage().data_ptr(), obj.device)
-            if obj.numel() and key not in seen:
+            if obj.dim() and obj.numel() and key not in seen:
                 seen.add(key)
                 total += obj.untyped_storage().nbytes()
         elif isinstance(obj, (list, tuple)):
