@@ -15,7 +15,7 @@ With --into CONVERTED_DIR each variant is also scored in that whole converted mo
 everywhere but LAYERS, the fresh ones there (the teacher with every layer swapped, as swap.py's "all").
 
 Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300] [--train-seqs 48] [--into DIR]
-       [--passkey 256,1024]
+       [--passkey 256,1024] [--copy-frac 0.5]
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). One line per
 variant goes to recall_probe.jsonl beside this file.
 """
@@ -61,6 +61,29 @@ def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal
         m = block(x_cal)[0].float()
         block.o_proj.weight.mul_((m * y_cal.float()).sum() / (m * m).sum())
     return block
+
+
+def with_copied_spans(seqs: torch.Tensor, fraction: float, seed: int = 0) -> torch.Tensor:
+    """A copy of seqs (N, L) in which the first round(fraction * N) sequences repeat one span of
+    their own text later on: 32-64 tokens from the first half written again >= 64 tokens after it.
+
+    Why: on running text the teacher's copy heads rarely get an exact earlier span to match, so an
+    output MSE on natural sequences barely asks a block to copy; a repeated span makes the teacher
+    copy (induction) inside the very I/O the block regresses. Generic text, not the passkey prompt.
+    """
+    seqs = seqs.clone()
+    g = torch.Generator().manual_seed(seed)
+    length = seqs.shape[1]
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high, (1,), generator=g))
+
+    for row in range(round(fraction * len(seqs))):
+        span = draw(32, 65)
+        source = draw(1, length // 2 - span)
+        target = draw(source + span + 64, length - span + 1)
+        seqs[row, target : target + span] = seqs[row, source : source + span]
+    return seqs
 
 
 def teacher_log_probs(attention, rotary, x) -> torch.Tensor:
@@ -118,6 +141,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--train-seqs", type=int, default=TRAIN_SEQS, help="training sequences of 512 tokens, captured once")
     parser.add_argument("--passkey", default="", help="also score the hybrid's passkey at these lengths (comma list, 10 trials)")
+    parser.add_argument("--copy-frac", type=float, default=0.0,
+                        help="fraction of the training sequences that repeat a span of their own text (with_copied_spans)")
     parser.add_argument("--into", help="a converted model folder: also score it with the fresh blocks in LAYERS")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -125,7 +150,8 @@ def main() -> None:
     teacher.requires_grad_(False)
     layers = parse_layers(args.layers, len(teacher.model.layers))
     recipe, tokens, probe = conversion_data(tokenizer)
-    train_io = capture(teacher, PackedBatches(tokens, 512, seed=0).sequences[: args.train_seqs], layers)
+    train_seqs = PackedBatches(tokens, 512, seed=0).sequences[: args.train_seqs]  # (N, 512)
+    train_io = capture(teacher, with_copied_spans(train_seqs, args.copy_frac), layers)
     held = capture(teacher, probe, layers)
     texts = lambada_texts(LAMBADA, args.limit)
     attentions = {i: layer.self_attn for i, layer in enumerate(teacher.model.layers)}
@@ -168,6 +194,7 @@ def main() -> None:
             layer.self_attn = attentions[i]
         row = {"layers": args.layers, "variant": variant, "steps": args.steps, "lr": args.lr,
                **({"train_seqs": args.train_seqs} if args.train_seqs != TRAIN_SEQS else {}),
+               **({"copy_frac": args.copy_frac} if args.copy_frac else {}),
                "lambada": {k: result[k] for k in ("accuracy", "perplexity", "n")}, "mse": mse,
                **({"passkey": passkey} if passkey else {}),
                **({"into": args.into, "lambada_whole": {k: whole[k] for k in ("accuracy", "perplexity", "n")}} if whole else {}),
