@@ -180,7 +180,8 @@ def convert(
     # Everything that can fail on bad input (folder policy, model, data) runs before the output
     # folder is touched, so a typo never leaves a half-made folder behind.
     check_output_dir(out, overwrite=overwrite, resume=resume)
-    for key, wanted in (("phase1.compile", recipe.phase1.compile), ("phase2.compile", recipe.phase2.compile and recipe.phase2.steps > 0)):
+    transfers = recipe.phase1.steps > 0 or recipe.phase1.focus_steps > 0 or recipe.phase2.refit_steps > 0  # what phase1.compile serves
+    for key, wanted in (("phase1.compile", recipe.phase1.compile and transfers), ("phase2.compile", recipe.phase2.compile and recipe.phase2.steps > 0)):
         if wanted and not compiler_available(accelerator.device.type):
             raise ValueError(f"recipe key `{key}: true` needs a C++ compiler for torch.compile on CPU (g++ or clang++, "
                              f"or $CXX): install one (e.g. apt install g++) or set {key}=false")

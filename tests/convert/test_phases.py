@@ -142,6 +142,18 @@ def test_compile_without_a_compiler_is_a_clear_error(tmp_path, monkeypatch, key)
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
+@pytest.mark.parametrize("key", ["phase1.compile", "phase2.compile"])
+def test_compile_asks_for_no_compiler_when_its_phases_do_not_train(tmp_path, monkeypatch, key):
+    import hallamonic.convert.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "compiler_available", lambda device: False)
+    no_steps = {"phase1.compile": ["phase1.steps=0", "phase1.focus_steps=0", "phase2.refit_steps=0", "phase2.steps=1"],
+                "phase2.compile": ["phase1.steps=1", "phase2.steps=0"]}[key]  # fmt: skip
+    recipe = load_recipe("tiny", [*no_steps, f"{key}=true", "checkpoint.every=0", "eval.max_windows=0"])
+    convert(recipe, tmp_path / "out")
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
 def _phase2_student():
     torch.manual_seed(0)
     teacher = build_tiny_llama(300, num_layers=3).eval()
