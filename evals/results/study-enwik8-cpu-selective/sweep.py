@@ -12,7 +12,10 @@ head's mixer output before o_proj (no weight: o_proj absorbs the scale), as GLA 
 Mamba-2 do. ARCH=transformer|mamba trains that baseline (fitted to Harmonic's parameter count
 as the study does) with the flags set on its config instead. DELTA=1 replaces every level's
 decayed sum with the gated delta rule of ../smollm2-135m-transfer-probe/probe.py (unit-norm write
-vectors, beta = sigmoid(w.x + c) per head, one decay per head: the mean of the head's log a)."""
+vectors, beta = sigmoid(w.x + c) per head, one decay per head: the mean of the head's log a).
+D_SKIP=1 adds Mamba's D, a learned per-channel skip of v (init 1) into the mixer output before o_proj;
+GATE_FROM_X=1 makes every level's decay gate read the block input x (as Mamba's dt does) instead of
+the level's own input (v or the normalised error)."""
 import os
 
 import torch
@@ -122,6 +125,23 @@ if os.environ.get("DELTA"):  # every level's state follows the gated delta rule 
         write, read = maps
         return delta_rule_chunked(u, head_log_a, torch.nn.functional.normalize(write, dim=-1), read, self._beta)
     MH.HarmonicBlock._level = delta_level
+if os.environ.get("D_SKIP"):  # Mamba's D: a learned per-channel skip of v into the mixer output (init 1)
+    _block_init4 = MH.HarmonicBlock.__init__
+    def block_init4(self, config, layer_idx=0):
+        _block_init4(self, config, layer_idx)
+        self.skip = torch.nn.Parameter(torch.ones(config.state_width))
+        self.v_proj.register_forward_hook(lambda mod, args, out: setattr(self, "_v", self._repeat_kv(out)))
+        self.o_proj.register_forward_pre_hook(lambda mod, args: (args[0] + self.skip.to(args[0].dtype) * self._v.to(args[0].dtype),))
+    MH.HarmonicBlock.__init__ = block_init4
+if os.environ.get("GATE_FROM_X"):  # every level's decay gate reads the block input x (as Mamba's dt), not the level input
+    _block_init5 = MH.HarmonicBlock.__init__
+    def block_init5(self, config, layer_idx=0):
+        _block_init5(self, config, layer_idx)
+        assert config.state_width == config.hidden_size, "GATE_FROM_X needs state width == hidden size"
+        self.register_forward_pre_hook(lambda mod, args: setattr(self, "_x", args[0]))
+        for gate in self.gates:
+            gate.register_forward_pre_hook(lambda mod, args: (self._x,))
+    MH.HarmonicBlock.__init__ = block_init5
 import json, sys, dataclasses
 from pathlib import Path
 import torch
@@ -148,4 +168,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
