@@ -28,7 +28,7 @@ app.add_typer(bench_app, name="bench", help="Benchmarks of the pieces (scan kern
 from hallamonic.convert.cli import convert_command, throughput_command  # noqa: E402
 
 app.command("convert")(convert_command)
-bench_app.command("convert", help="Phase-1 / phase-2 tokens/s of a conversion recipe here, and its full phases' wall time.")(throughput_command)
+bench_app.command("convert", help="Tokens/s of each phase a conversion recipe trains (phase 1, focus, phase 2, refit) here, and its full phases' wall time.")(throughput_command)
 from hallamonic.evaluation.cli import eval_command  # noqa: E402
 
 app.command("eval", help="Evaluate a model and its fair baselines: LAMBADA, loss by context length, passkey.")(eval_command)

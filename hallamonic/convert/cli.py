@@ -64,8 +64,9 @@ def throughput_command(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also save the result as JSON here.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")] = False,
 ) -> None:
-    """Phase-1 and phase-2 tokens/s of a conversion recipe on this machine, and the wall time of
-    its full phases at those rates (the pipeline's own code, on random token ids)."""
+    """Tokens/s of each phase a conversion recipe trains (phase 1, its focus, phase 2, the refit)
+    on this machine, and the wall time of its full phases at those rates (the pipeline's own code,
+    on random token ids)."""
     import json
 
     from hallamonic.convert.recipe import load_recipe

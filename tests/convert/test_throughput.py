@@ -29,6 +29,34 @@ def test_both_phases_are_timed_and_extrapolated_to_the_recipe():
     assert "| phase1 |" in table and "| phase2 |" in table and "hours" in table
 
 
+def test_focus_and_refit_are_timed_on_steady_steps_over_a_one_step_pool(monkeypatch):
+    import hallamonic.convert.throughput as throughput
+
+    pools = {}
+    for name in ("run_phase1_focus", "run_phase2_refit"):  # record the pool each pooled phase was given
+        real = getattr(throughput, name)
+
+        def spy(run, teacher, *args, _real=real, _name=name):
+            pools[_name] = (run.recipe.phase1.focus_pool, run.recipe.phase2.refit_pool)
+            return _real(run, teacher, *args)
+
+        monkeypatch.setattr(throughput, name, spy)
+    recipe = load_recipe("tiny", FAST + ["phase1.focus_layers=[0]", "phase1.focus_steps=7", "phase2.refit_layers=[1]", "phase2.refit_steps=9"])
+    result = measure_throughput(recipe, steps=2, warmup=0)
+    rows = {r["phase"]: r for r in result["phases"]}
+    assert list(rows) == ["phase1", "phase1-focus", "phase2", "phase2-refit"]
+    assert pools == {"run_phase1_focus": (2, recipe.phase2.refit_pool), "run_phase2_refit": (recipe.phase1.focus_pool, 2)}  # one step's sequences
+    for name, steps in (("phase1-focus", 7), ("phase2-refit", 9)):
+        row = rows[name]
+        assert row["pooled"] and row["timed_steps"] == 2  # the capture step is untimed even with warmup=0
+        assert row["tokens_per_step"] == recipe.phase1.batch_size * recipe.phase1.seq_len
+        assert row["recipe_steps"] == steps and row["recipe_tokens"] == steps * row["tokens_per_step"]
+    assert rows["phase1"]["timed_steps"] == 2 and not rows["phase1"]["pooled"]
+    table = format_throughput(result)
+    assert "| phase1-focus |" in table and "| phase2-refit |" in table and "All 4 phases" in table
+    assert "phase1-focus and phase2-refit: steps over a pool" in table
+
+
 def test_random_teacher_has_the_named_shapes():
     teacher = random_teacher("smollm2-135m", torch.float32, torch.device("cpu"))
     config = teacher.config
