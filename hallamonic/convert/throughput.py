@@ -17,8 +17,8 @@ Library: :func:`measure_throughput`. CLI: ``hallamonic bench convert RECIPE`` (`
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,21 +65,21 @@ def random_teacher(shape: str, dtype: torch.dtype, device: torch.device) -> torc
 
 
 def _timed_phases(recipe: Recipe, steps: int, warmup: int, sequences: int) -> list[dict]:
-    """The phases the recipe trains, each with its runner, the recipe's own step count, the
-    section that sets its batch shape, the untimed steps before the timed ``steps``, and a recipe
-    shortened to those steps. Pooled phases (focus, refit) get a pool of ``sequences``, captured in
-    their first step, which is therefore never timed."""
+    """The phases the recipe trains (the pipeline's conditions: steps > 0), each with its runner,
+    the recipe's own step count, the section that sets its batch shape, whether it is pooled, and
+    a recipe shortened to its untimed steps plus ``steps``. Pooled phases (focus, refit) get a pool
+    of ``sequences``, captured in their first step, which is therefore never timed."""
     p1, p2 = recipe.phase1, recipe.phase2
-    skip = max(warmup, 1)  # a pooled phase's first step captures its pool
+    pooled_skip = max(warmup, 1)  # a pooled phase's first step captures its pool
     phases = [
-        dict(name="phase1", recipe_steps=p1.steps, runner=run_phase1, section=p1, skip=warmup,
+        dict(name="phase1", recipe_steps=p1.steps, runner=run_phase1, section=p1, pooled=False, untimed=warmup,
              short=replace(recipe, phase1=replace(p1, steps=warmup + steps, warmup_steps=0))),
-        dict(name="phase1-focus", recipe_steps=p1.focus_steps if p1.focus_layers else 0, runner=run_phase1_focus, section=p1, skip=skip,
-             short=replace(recipe, phase1=replace(p1, focus_steps=skip + steps, focus_pool=sequences))),
-        dict(name="phase2", recipe_steps=p2.steps, runner=run_phase2, section=p2, skip=warmup,
+        dict(name="phase1-focus", recipe_steps=p1.focus_steps, runner=run_phase1_focus, section=p1, pooled=True, untimed=pooled_skip,
+             short=replace(recipe, phase1=replace(p1, focus_steps=pooled_skip + steps, focus_pool=sequences))),
+        dict(name="phase2", recipe_steps=p2.steps, runner=run_phase2, section=p2, pooled=False, untimed=warmup,
              short=replace(recipe, phase2=replace(p2, steps=warmup + steps, warmup_steps=0))),
-        dict(name="phase2-refit", recipe_steps=p2.refit_steps if p2.refit_layers else 0, runner=_refit_runner, section=p1, skip=skip,
-             short=replace(recipe, phase2=replace(p2, refit_steps=skip + steps, refit_pool=sequences))),
+        dict(name="phase2-refit", recipe_steps=p2.refit_steps, runner=_refit_runner, section=p1, pooled=True, untimed=pooled_skip,
+             short=replace(recipe, phase2=replace(p2, refit_steps=pooled_skip + steps, refit_pool=sequences))),
     ]  # fmt: skip
     return [phase for phase in phases if phase["recipe_steps"] > 0]
 
@@ -111,7 +111,8 @@ def measure_throughput(
     sequences = recipe.phase1.batch_size * recipe.train.grad_accum * accelerator.num_processes  # one pooled step's
     rows = []
     for phase in _timed_phases(recipe, steps, warmup, sequences):
-        name, section, skip = phase["name"], phase["section"], phase["skip"]
+        name, section = phase["name"], phase["section"]
+        skip = phase["untimed"]
         per_step = section.batch_size * recipe.train.grad_accum * accelerator.num_processes * section.seq_len
         rng = np.random.default_rng(recipe.seed)
         tokens = rng.integers(0, teacher.config.vocab_size, per_step * (skip + steps) + 1).astype(np.int32)
@@ -131,7 +132,7 @@ def measure_throughput(
             "tokens_per_s": rate, "seconds_per_step": per_step / rate,
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
             "recipe_steps": phase["recipe_steps"], "recipe_tokens": full_tokens, "estimated_hours": full_tokens / rate / 3600,
-            "pooled": phase["name"] in ("phase1-focus", "phase2-refit"),
+            "pooled": phase["pooled"],
         })
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
     return {"recipe": recipe.name, "teacher": spec, "device": device, "mixed_precision": str(accelerator.mixed_precision), "phases": rows}
