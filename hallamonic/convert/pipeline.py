@@ -214,7 +214,7 @@ def convert(
         _save_tokens(tokens, out)
     accelerator.wait_for_everyone()
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
-    probe, probe_source = _transfer_probe(recipe, tokens, tokenizer)
+    probe, probe_source = _transfer_probe(recipe, tokens, tokenizer, notify=accelerator.print)
     probe = probe.to(accelerator.device)
     transfer: dict[str, list[float]] = {}
 
@@ -433,15 +433,23 @@ def _hardware(accelerator) -> str:
     return f"{accelerator.num_processes} process(es) on CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _transfer_probe(recipe: Recipe, tokens, tokenizer) -> tuple[torch.Tensor, str]:
+def _transfer_probe(recipe: Recipe, tokens, tokenizer, notify=print) -> tuple[torch.Tensor, str]:
     """Two phase-1-length sequences to measure attention transfer on: held-out text when the
-    source has held-out documents (never trained on), else the start of the training stream."""
+    source has held-out documents (never trained on), else the start of the training stream.
+    Held-out text asked for and not found is said through ``notify``: the user then knows why the
+    probes read training text (a plain-text file with no blank lines is a single document)."""
     length = recipe.phase1.seq_len
     if recipe.data.heldout_fraction > 0:
         texts = _heldout_texts(recipe, max_chars=2 * length * 8)
         ids = [i for text in texts for i in tokenizer(text, add_special_tokens=False).input_ids]
         if len(ids) >= 2 * length:
             return torch.tensor(ids[: 2 * length]).view(2, length), f"2 x {length} held-out tokens"
+        notify(
+            f"note: data.heldout_fraction {recipe.data.heldout_fraction} held out {len(texts)} document(s), "
+            f"{len(ids)} tokens, fewer than the probes' 2 x {length} (a plain-text file is cut into documents "
+            "at blank lines): attention transfer is measured on training text instead, and the model card's "
+            "held-out bits/token cover only what was held out"
+        )
     return PackedBatches(tokens, length, seed=recipe.seed).sequences[:2], f"2 x {length} training tokens"
 
 

@@ -433,3 +433,20 @@ def test_the_token_stream_covers_the_focus_and_refit_pools():
     assert pipeline._tokens_needed(focus, world=1) >= 400 * seq_len > plain
     unused = load_recipe("tiny", FAST + ["phase2.refit_pool=500"])  # no refit steps: its pool is not read
     assert pipeline._tokens_needed(unused, world=1) == plain
+
+
+def test_a_text_file_with_nothing_held_out_says_so_and_probes_training_text(tmp_path, capsys):
+    """A plain-text file with no blank lines is one document: the 2% held-out split is empty, and the
+    run says why its attention-transfer probes read training text."""
+    from hallamonic.tiny import stdlib_corpus
+
+    data = tmp_path / "one-paragraph.txt"
+    data.write_text(" ".join(doc.replace("\n", " ") for doc in stdlib_corpus()[:200]))
+    report = convert(load_recipe("tiny", FAST + [f"data.path={data}"]), tmp_path / "out", phases=("surgery",))
+    assert report["attention_transfer"]["sample"].endswith("training tokens")
+    assert "held out 0 document(s), 0 tokens" in capsys.readouterr().out
+    paragraphs = tmp_path / "paragraphs.txt"  # blank-line separated: documents to hold out, no note
+    paragraphs.write_text("\n\n".join(doc.replace("\n\n", "\n") for doc in stdlib_corpus()[:400]))
+    report = convert(load_recipe("tiny", FAST + [f"data.path={paragraphs}"]), tmp_path / "out2", phases=("surgery",))
+    assert report["attention_transfer"]["sample"].endswith("held-out tokens")
+    assert "held out" not in capsys.readouterr().out

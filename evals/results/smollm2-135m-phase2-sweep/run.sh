@@ -8,6 +8,8 @@
 # PHASES (default phase2), OUT and RES override the phases run after the restored phase 1 and the
 # two folders (../smollm2-135m-layer-swap/focus_run.sh runs phase1,phase2 to add a phase1-focus).
 # RESTORE_PHASE2=1 restores SRC's finished phase 2 as well, so only a phase2-refit runs (refit variants).
+# DATA= another training file (default ../shared/data/fineweb_train.jsonl): SRC's token cache is then
+# not copied and phase 2 and the refit tokenize DATA (the restored phase 1 and focus keep SRC's data).
 # Rows measured before the recipe had `phase2.refit_steps` (2026-12-02) ran without one: add
 # --set phase2.refit_steps=0 to reproduce them.
 set -euo pipefail
@@ -16,11 +18,12 @@ SRC=${SRC:-outputs/smollm2-n64}
 PHASES=${PHASES:-phase2}
 OUT=${OUT:-outputs/p2-$NAME}
 RES=${RES:-evals/results/smollm2-135m-phase2-sweep/$NAME}
+DATA=${DATA:-../shared/data/fineweb_train.jsonl}
 G=$(python -c "from hallamonic.loading import smollm2_gguf_path as p; print(p())")
 export OMP_NUM_THREADS=2
 if [ ! -f "$OUT/model.safetensors" ]; then
   mkdir -p "$OUT/training/checkpoints"
-  cp "$SRC/training/tokens.npy" "$OUT/training/"
+  if [ "$DATA" = ../shared/data/fineweb_train.jsonl ]; then cp "$SRC/training/tokens.npy" "$OUT/training/"; fi
   [ -d "$OUT/training/checkpoints/phase1" ] || cp -r "$SRC/training/checkpoints/phase1" "$OUT/training/checkpoints/"
   if [ "${RESTORE_FOCUS:-1}" = 1 ] && [ -d "$SRC/training/checkpoints/phase1-focus" ] && [ ! -d "$OUT/training/checkpoints/phase1-focus" ]; then
     cp -r "$SRC/training/checkpoints/phase1-focus" "$OUT/training/checkpoints/"  # a run with the focus: restored too
@@ -29,7 +32,7 @@ if [ ! -f "$OUT/model.safetensors" ]; then
     cp -r "$SRC/training/checkpoints/phase2" "$OUT/training/checkpoints/"
   fi
   hallamonic convert smollm2-135m -o "$OUT" --resume --phases "$PHASES" \
-    --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl "$@"
+    --set base.model="$G" --set data.path="$DATA" "$@"
 fi
 mkdir -p "$RES"
 cp "$OUT"/training/{report.json,recipe.yaml} "$RES/"
