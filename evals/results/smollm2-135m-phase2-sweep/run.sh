@@ -18,12 +18,13 @@ SRC=${SRC:-outputs/smollm2-n64}
 PHASES=${PHASES:-phase2}
 OUT=${OUT:-outputs/p2-$NAME}
 RES=${RES:-evals/results/smollm2-135m-phase2-sweep/$NAME}
-DATA=${DATA:-../shared/data/fineweb_train.jsonl}
+FINEWEB=../shared/data/fineweb_train.jsonl  # the data every earlier row trained on
+DATA=${DATA:-$FINEWEB}
 G=$(python -c "from hallamonic.loading import smollm2_gguf_path as p; print(p())")
 export OMP_NUM_THREADS=2
 if [ ! -f "$OUT/model.safetensors" ]; then
   mkdir -p "$OUT/training/checkpoints"
-  if [ "$DATA" = ../shared/data/fineweb_train.jsonl ]; then cp "$SRC/training/tokens.npy" "$OUT/training/"; fi
+  if [ "$DATA" = "$FINEWEB" ]; then cp "$SRC/training/tokens.npy" "$OUT/training/"; fi
   [ -d "$OUT/training/checkpoints/phase1" ] || cp -r "$SRC/training/checkpoints/phase1" "$OUT/training/checkpoints/"
   if [ "${RESTORE_FOCUS:-1}" = 1 ] && [ -d "$SRC/training/checkpoints/phase1-focus" ] && [ ! -d "$OUT/training/checkpoints/phase1-focus" ]; then
     cp -r "$SRC/training/checkpoints/phase1-focus" "$OUT/training/checkpoints/"  # a run with the focus: restored too
