@@ -36,6 +36,9 @@
 #   teacher pool (measured worse, not the bundled recipe): NAME=converted-pool bash evals/smollm2_selective.sh \
 #     outputs/smollm2-pool evals/results/smollm2-135m-hallamonic-pool \
 #     --set phase1.teacher_pool=48 --set phase2.steps=170 (as run: also --set phase1.recompute=true, a key since removed)
+#   since 2026-12-04 phase 2 and the refit train on FineWeb-Edu text (phase2_data.path below; LAMBADA 0.151 vs 0.134 on
+#     1,000 passages, evals/results/smollm2-135m-phase2-sweep/lambada-1000): every run above trained both on
+#     fineweb_train.jsonl; to rerun one add --set phase2_data.path=
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
@@ -43,7 +46,8 @@ shift $(( $# < 2 ? $# : 2 ))
 G=$(python -c "from hallamonic.loading import smollm2_gguf_path as p; print(p())")
 export OMP_NUM_THREADS=2
 if [ ! -f "$OUT/model.safetensors" ]; then
-  hallamonic convert smollm2-135m -o "$OUT" --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl "$@"
+  hallamonic convert smollm2-135m -o "$OUT" --set base.model="$G" --set data.path=../shared/data/fineweb_train.jsonl \
+    --set phase2_data.path=../shared/data/fineweb_edu_head_train.txt "$@"
 fi
 mkdir -p "$RES"
 cp "$OUT/README.md" "$RES/MODEL_CARD.md"

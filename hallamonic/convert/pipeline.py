@@ -7,6 +7,8 @@ Layout of an output folder (it is itself a loadable Hugging Face checkpoint):
     training/recipe.yaml           the resolved recipe
     training/metrics.jsonl         one line per logged step
     training/loss.png              loss curves of both phases
+    training/tokens.npy            the token stream of phase 1 and its focus (reused by --resume)
+    training/tokens-phase2.npy     phase 2's and the refit's, when `phase2_data` names its own source
     training/checkpoints/phaseN/   atomic step checkpoints (trainable weights + optimizer)
     training/report.json           parameter counts, tokens, wall time, held-out results
 """
@@ -85,17 +87,23 @@ def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
     return load_causal_lm(spec, dtype=dtype)
 
 
-def _tokens_needed(recipe: Recipe, world: int) -> int:
-    needs = [
-        phase.steps * phase.batch_size * recipe.train.grad_accum * world * phase.seq_len
-        for phase in (recipe.phase1, recipe.phase2)
-    ]
-    if _pool_tokens(recipe):  # phase 1 cycles over its pool
-        needs[0] = min(needs[0], _pool_tokens(recipe))
+def _tokens_needed(recipe: Recipe, world: int, stream: str = "all") -> int:
+    """Tokens a training stream must hold: ``"transfer"`` (phase 1 and its focus), ``"phase2"``
+    (phase 2 and its refit) or ``"all"`` (both, when they read the same source)."""
     p1, p2 = recipe.phase1, recipe.phase2
-    needs += [p1.focus_pool * p1.seq_len * (p1.focus_steps > 0), p2.refit_pool * p1.seq_len * (p2.refit_steps > 0)]  # their pools
-    longest = max(recipe.phase1.seq_len, recipe.phase2.seq_len)
-    return max(max(needs), longest) + longest
+    phase1 = p1.steps * p1.batch_size * recipe.train.grad_accum * world * p1.seq_len
+    if _pool_tokens(recipe):  # phase 1 cycles over its pool
+        phase1 = min(phase1, _pool_tokens(recipe))
+    needs = {
+        "transfer": [phase1, p1.focus_pool * p1.seq_len * (p1.focus_steps > 0)],
+        "phase2": [
+            p2.steps * p2.batch_size * recipe.train.grad_accum * world * p2.seq_len,
+            p2.refit_pool * p1.seq_len * (p2.refit_steps > 0),
+        ],
+    }
+    wanted = needs["transfer"] + needs["phase2"] if stream == "all" else needs[stream]
+    longest = max(p1.seq_len, p2.seq_len)
+    return max(max(wanted), longest) + longest
 
 
 def _pool_tokens(recipe: Recipe) -> int:
@@ -108,26 +116,41 @@ def _phase1_tokens(recipe: Recipe, tokens):
     return tokens[: _pool_tokens(recipe)] if _pool_tokens(recipe) else tokens
 
 
-def _load_tokens(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool):
-    """The training token stream: the cached copy of an interrupted run, or a fresh tokenization."""
+STREAM_CACHES = {"transfer": "tokens.npy", "phase2": "tokens-phase2.npy"}  # under training/
+
+
+def _load_streams(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool) -> dict:
+    """The training token streams, ``{"transfer": ..., "phase2": ...}``: one array under both names
+    unless ``phase2_data`` names its own source. Each is an interrupted run's cached copy or a fresh
+    tokenization."""
     import numpy as np
 
-    cache = out / "training" / "tokens.npy"
-    if resume and cache.is_file():
-        return np.load(cache, allow_pickle=False)
-    return tokenize_stream(tokenizer, recipe.data, seed=recipe.seed, max_tokens=_tokens_needed(recipe, world))
+    def load(stream: str, section, needed: int):
+        cache = out / "training" / STREAM_CACHES[stream]
+        if resume and cache.is_file():
+            return np.load(cache, allow_pickle=False)
+        return tokenize_stream(tokenizer, section, seed=recipe.seed, max_tokens=needed)
+
+    if recipe.phase2_source() is recipe.data:
+        tokens = load("transfer", recipe.data, _tokens_needed(recipe, world))
+        return {"transfer": tokens, "phase2": tokens}
+    return {
+        "transfer": load("transfer", recipe.data, _tokens_needed(recipe, world, "transfer")),
+        "phase2": load("phase2", recipe.phase2_data, _tokens_needed(recipe, world, "phase2")),
+    }
 
 
-def _save_tokens(tokens, out: Path) -> None:
-    """Cache the token stream (int32 .npy, written then renamed) so --resume needs no re-tokenizing."""
+def _save_streams(streams: dict, out: Path) -> None:
+    """Cache each token stream (int32 .npy, written then renamed) so --resume needs no re-tokenizing."""
     import numpy as np
 
-    cache = out / "training" / "tokens.npy"
-    if cache.is_file():
-        return
-    tmp = cache.with_suffix(".tmp.npy")
-    np.save(tmp, tokens)
-    tmp.replace(cache)
+    for stream, tokens in streams.items():
+        cache = out / "training" / STREAM_CACHES[stream]
+        if cache.is_file() or (stream == "phase2" and tokens is streams["transfer"]):
+            continue
+        tmp = cache.with_suffix(".tmp.npy")
+        np.save(tmp, tokens)
+        tmp.replace(cache)
 
 
 def _heldout_texts(recipe: Recipe, max_chars: int) -> list[str]:
@@ -198,20 +221,23 @@ def convert(
         if used:
             check_layers(key, layers, len(teacher.model.layers))
     teacher.to(accelerator.device)
-    tokens = _load_tokens(recipe, tokenizer, out, accelerator.num_processes, resume)
-    longest = max(recipe.phase1.seq_len if recipe.phase1.steps else 0, recipe.phase2.seq_len if recipe.phase2.steps else 0)
-    if len(tokens) < max(longest, 1):
-        raise DataError(
-            f"the training data has {len(tokens)} tokens, fewer than one sequence of {longest}; "
-            "add data or lower the phases' seq_len"
-        )
+    streams = _load_streams(recipe, tokenizer, out, accelerator.num_processes, resume)
+    tokens = streams["transfer"]
+    for stream, key, seq_len in (("transfer", "data", recipe.phase1.seq_len if recipe.phase1.steps else 0),
+                                 ("phase2", "phase2_data", recipe.phase2.seq_len if recipe.phase2.steps else 0)):
+        if len(streams[stream]) < max(seq_len, 1):
+            source = "the training data" if streams["phase2"] is tokens else f"the `{key}` text"
+            raise DataError(
+                f"{source} has {len(streams[stream])} tokens, fewer than one sequence of {seq_len}; "
+                "add data or lower the phases' seq_len"
+            )
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         prepare_output_dir(out, overwrite=overwrite, resume=resume)
         (out / "training").mkdir(parents=True, exist_ok=True)
         (out / "training" / "recipe.yaml").write_text(recipe_to_yaml(recipe))
-        _save_tokens(tokens, out)
+        _save_streams(streams, out)
     accelerator.wait_for_everyone()
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
     probe, probe_source = _transfer_probe(recipe, tokens, tokenizer, notify=accelerator.print)
@@ -234,7 +260,7 @@ def convert(
         f"({counts['student_trainable']:,} trainable in the HarmonicBlocks)"
     )
     log = MetricsLog(out / "training" / "metrics.jsonl", enabled=accelerator.is_main_process)
-    run = ConversionRun(recipe, student, tokens, accelerator, out, log, resume)
+    run = ConversionRun(recipe, student, tokens, accelerator, out, log, resume, phase2_tokens=streams["phase2"])
     results: list[PhaseResult] = []
 
     phase1_done = False
@@ -307,11 +333,16 @@ class ConversionRun:
 
     recipe: Recipe
     student: nn.Module
-    tokens: np.ndarray  # the training token stream, int32
+    tokens: np.ndarray  # the training token stream of phase 1 and its focus, int32
     accelerator: Accelerator
     out: Path
     log: MetricsLog
     resume: bool
+    phase2_tokens: np.ndarray | None = None  # phase 2's and the refit's, when `phase2_data` names its own source
+
+    @property
+    def phase2_stream(self) -> np.ndarray:
+        return self.tokens if self.phase2_tokens is None else self.phase2_tokens
 
     def train(self, name: str, section, module: nn.Module, trainable: dict, loss_fn, stream, seed: int) -> PhaseResult:
         """``run_phase`` with this conversion's training settings, checkpoints and log."""
@@ -393,7 +424,7 @@ def run_phase2(run: ConversionRun, teacher) -> PhaseResult:
     )
     compiled = phase2_compiled_mixers(student) if section.compile else []
     with compiled_in_place(compiled):
-        result = run.train("phase2", section, model, trainable, loss_fn, run.tokens, seed=run.recipe.seed + 1)
+        result = run.train("phase2", section, model, trainable, loss_fn, run.phase2_stream, seed=run.recipe.seed + 1)
     for param in held:  # trainable again for what comes after (the refit)
         param.requires_grad_(True)
     if section.gradient_checkpointing:
@@ -421,7 +452,7 @@ def run_phase2_refit(run: ConversionRun, teacher, probe: torch.Tensor) -> tuple[
     others = [i for i in range(len(student.model.layers)) if i not in layers]
     with blocks_in(teacher, student, others) as hybrid:
         before = attention_transfer_errors(student, hybrid, probe, layers)
-        pool = run.tokens[: p2.refit_pool * p1.seq_len]
+        pool = run.phase2_stream[: p2.refit_pool * p1.seq_len]
         result = _attention_transfer(run, "phase2-refit", section, layers, hybrid, stream=pool, pool=True)
         after = attention_transfer_errors(student, hybrid, probe, layers)
     return result, {"layers": layers, "before": before, "after": after}

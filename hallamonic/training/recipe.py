@@ -76,7 +76,9 @@ def _unknown_key(key: str, known: typing.Iterable[str]) -> RecipeError:
     close = difflib.get_close_matches(key.split(".")[-1], [k.split(".")[-1] for k in known], n=1)
     hint = ""
     if close:
-        full = [k for k in known if k.split(".")[-1] == close[0]][0]
+        section = key.rpartition(".")[0]
+        matches = [k for k in known if k.split(".")[-1] == close[0]]
+        full = min(matches, key=lambda k: k.rpartition(".")[0] != section)  # the key's own section first
         hint = f" (did you mean `{full}`?)"
     return RecipeError(f"unknown recipe key `{key}`{hint}")
 

@@ -435,6 +435,59 @@ def test_the_token_stream_covers_the_focus_and_refit_pools():
     assert pipeline._tokens_needed(unused, world=1) == plain
 
 
+def test_a_separate_phase2_source_gets_its_own_stream_sized_for_phase2_and_the_refit():
+    seq_len = load_recipe("tiny", FAST).phase1.seq_len
+    split = load_recipe("tiny", FAST + ["phase2_data.path=edu.txt", "phase2.refit_steps=2", "phase2.refit_layers=[1]",
+                                        "phase2.refit_pool=500", "phase1.focus_steps=2", "phase1.focus_layers=[1]",
+                                        "phase1.focus_pool=400"])
+    assert 400 * seq_len <= pipeline._tokens_needed(split, world=1, stream="transfer") < 500 * seq_len
+    assert pipeline._tokens_needed(split, world=1, stream="phase2") >= 500 * seq_len
+
+
+def test_phase2_and_the_refit_train_on_phase2_data_and_phase1_on_data(tmp_path, monkeypatch):
+    """With `phase2_data.path` set, phase 1 reads the `data` stream and phase 2 and its refit read the
+    other file's, each cached for --resume; a resumed run reads the caches back."""
+    import numpy as np
+
+    from hallamonic.tiny import stdlib_corpus
+
+    other = tmp_path / "other.txt"
+    other.write_text("\n\n".join(f"Zebra quartz {i} vexed the jolly kingfisher." for i in range(400)))
+    seen = {}
+    train = pipeline.ConversionRun.train
+
+    def recording_train(self, name, section, module, trainable, loss_fn, stream, seed):
+        seen[name] = np.asarray(stream).copy()
+        return train(self, name, section, module, trainable, loss_fn, stream, seed)
+
+    monkeypatch.setattr(pipeline.ConversionRun, "train", recording_train)
+    overrides = FAST + [f"phase2_data.path={other}", "phase2.refit_steps=2", "phase2.refit_layers=[1]", "phase2.refit_pool=2"]
+    out = tmp_path / "out"
+    convert(load_recipe("tiny", overrides), out)
+    transfer = np.load(out / "training" / "tokens.npy")
+    phase2 = np.load(out / "training" / "tokens-phase2.npy")
+    tokenizer = pipeline.load_base_model("builtin:tiny-llama")[1]
+    assert "Zebra quartz" in tokenizer.decode(phase2[:200]) and "Zebra quartz" not in tokenizer.decode(transfer[:2000])
+    assert stdlib_corpus()[0][:40] in tokenizer.decode(transfer[:2000])
+    assert np.array_equal(seen["phase1"], transfer[: len(seen["phase1"])])
+    assert np.array_equal(seen["phase2"], phase2)
+    assert np.array_equal(seen["phase2-refit"], phase2[: len(seen["phase2-refit"])])
+    (out / "training" / "tokens-phase2.npy").unlink()
+    np.save(out / "training" / "tokens-phase2.npy", phase2[::-1].copy())  # a cache --resume must read, not rebuild
+    shutil.rmtree(out / "training" / "checkpoints" / "phase2")
+    seen.clear()
+    convert(load_recipe("tiny", overrides), out, resume=True)
+    assert np.array_equal(seen["phase2"], phase2[::-1])
+
+
+def test_an_empty_phase2_source_is_named(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(pipeline.DataError, match=r"the `phase2_data` text has 0 tokens"):
+        convert(load_recipe("tiny", FAST + [f"phase2_data.path={empty}"]), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_text_file_with_nothing_held_out_says_so_and_probes_training_text(tmp_path, capsys):
     """A plain-text file with no blank lines is one document: the 2% held-out split is empty, and the
     run says why its attention-transfer probes read training text."""

@@ -69,11 +69,22 @@ def test_exponent_without_a_dot_is_a_number():
         ("harmonic.hedgehog_layers=[-2]", r"`harmonic.hedgehog_layers` must list layer indices >= 0"),
         ("harmonic.delta_layers=[-1]", r"`harmonic.delta_layers` must list layer indices >= 0"),
         ("harmonic.update_rule=replace", r"`harmonic.update_rule` must be one of \['delta', 'sum'\]"),
+        ("phase2_data.heldout_fraction=1.0", r"`phase2_data.heldout_fraction` must be in \[0, 1\)"),
+        ("phase2_data.pth=edu.txt", r"unknown recipe key `phase2_data.pth` \(did you mean `phase2_data.path`\?\)"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe("tiny", [override])
+
+
+def test_phase2_reads_data_unless_phase2_data_names_a_source():
+    recipe = load_recipe("tiny", ["data.path=web.jsonl"])
+    assert recipe.phase2_source() is recipe.data
+    local = load_recipe("tiny", ["data.path=web.jsonl", "phase2_data.path=edu.txt"])
+    assert local.phase2_source() is local.phase2_data and local.phase2_source().path == "edu.txt"
+    hub = load_recipe("tiny", ["phase2_data.dataset=HuggingFaceFW/fineweb-edu", "phase2_data.config=sample-10BT"])
+    assert hub.phase2_source().dataset == "HuggingFaceFW/fineweb-edu" and hub.data.dataset == "builtin:stdlib-docs"
 
 
 def test_hedgehog_needs_the_expanded_state():
