@@ -71,7 +71,7 @@ class DataSection:
 @dataclass
 class Phase2DataSection(DataSection):
     """A second text source for phase 2 and its refit, used when it names one (``dataset`` or
-    ``path``). Why: measured on SmolLM2, attention transfer on general web text and phase 2 on the
+    ``path``). Why: measured on SmolLM2, attention transfer on FineWeb text and phase 2 on the
     evaluation's own kind of text recalled best (LAMBADA 0.151 / 1,000 vs 0.134 both on FineWeb and
     0.120 both on FineWeb-Edu): evals/results/smollm2-135m-phase2-sweep/lambada-1000. The held-out
     text of the transfer probes and the model card still comes from ``data``."""
