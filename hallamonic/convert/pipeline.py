@@ -91,15 +91,14 @@ def _tokens_needed(recipe: Recipe, world: int, stream: str = "all") -> int:
     """Tokens a training stream must hold: ``"transfer"`` (phase 1 and its focus), ``"phase2"``
     (phase 2 and its refit) or ``"all"`` (both, when they read the same source)."""
     p1, p2 = recipe.phase1, recipe.phase2
-    phase1 = p1.steps * p1.batch_size * recipe.train.grad_accum * world * p1.seq_len
-    if _pool_tokens(recipe):  # phase 1 cycles over its pool
-        phase1 = min(phase1, _pool_tokens(recipe))
+
+    def read_by(phase) -> int:  # tokens its steps read across every process
+        return phase.steps * phase.batch_size * recipe.train.grad_accum * world * phase.seq_len
+
+    phase1 = min(read_by(p1), _pool_tokens(recipe)) if _pool_tokens(recipe) else read_by(p1)  # a pool is cycled over
     needs = {
         "transfer": [phase1, p1.focus_pool * p1.seq_len * (p1.focus_steps > 0)],
-        "phase2": [
-            p2.steps * p2.batch_size * recipe.train.grad_accum * world * p2.seq_len,
-            p2.refit_pool * p1.seq_len * (p2.refit_steps > 0),
-        ],
+        "phase2": [read_by(p2), p2.refit_pool * p1.seq_len * (p2.refit_steps > 0)],
     }
     wanted = needs["transfer"] + needs["phase2"] if stream == "all" else needs[stream]
     longest = max(p1.seq_len, p2.seq_len)
