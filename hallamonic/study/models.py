@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hallamonic.study.recipe import StudyModelSection
+from hallamonic.study.recipe import CONTEXT_BANDS, StudyModelSection, context_bands
 
 
 class ParameterMismatch(ValueError):
@@ -69,16 +69,20 @@ def _init_scale(shape: StudyModelSection) -> dict:
 
 
 def harmonic_config(
-    shape: StudyModelSection, vocab_size: int, *, hierarchy: bool = True, error_signal: bool = True,
+    shape: StudyModelSection, vocab_size: int, context: int, *, hierarchy: bool = True, error_signal: bool = True,
     output_gate: bool = False, short_conv: bool = False, diagonal: bool = False,
 ):
+    """A Harmonic model of the study's shape for training at ``context`` (which sets the timescale
+    bands when the recipe says ``timescale_bands: context``; nothing else depends on it)."""
     from hallamonic.modeling import HallamonicConfig
 
+    bands = context_bands(context) if shape.timescale_bands == CONTEXT_BANDS else shape.timescale_bands
     return HallamonicConfig(
         vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
-        timescale_bands=shape.timescale_bands, hierarchy=hierarchy, error_signal=error_signal, output_gate=output_gate,
-        short_conv_size=shape.short_conv_size if short_conv else 0, state_size=1 if diagonal else shape.state_size,
+        timescale_bands=bands, hierarchy=hierarchy, error_signal=error_signal, output_gate=output_gate,
+        short_conv_size=shape.short_conv_size if short_conv or shape.short_conv else 0,
+        state_size=1 if diagonal else shape.state_size,
         recompute_mixer=shape.recompute_mixer,
         gate_rank=shape.gate_rank, predictor_rank=shape.predictor_rank, tie_word_embeddings=False,
         bos_token_id=None, eos_token_id=None, **_init_scale(shape),
@@ -134,16 +138,20 @@ def _fit(make, candidates: range, target: int) -> tuple[object, int]:
     return min(((config, count_parameters(config)) for config in options), key=lambda pair: abs(pair[1] - target))
 
 
-def build_architectures(shape: StudyModelSection, vocab_size: int, names: list[str], max_length: int) -> dict[str, Architecture]:
-    """Configs and parameter counts of ``names``; baselines fitted to the Harmonic count.
+def build_architectures(
+    shape: StudyModelSection, vocab_size: int, names: list[str], max_length: int, context: int | None = None
+) -> dict[str, Architecture]:
+    """Configs and parameter counts of ``names`` for training at ``context`` (default
+    ``max_length``, the longest sequence any model sees); baselines fitted to the Harmonic count.
 
     Raises ParameterMismatch when the closest fit is outside ``shape.param_tolerance``.
     """
-    target = count_parameters(harmonic_config(shape, vocab_size))
+    context = context or max_length
+    target = count_parameters(harmonic_config(shape, vocab_size, context))
     archs: dict[str, Architecture] = {}
     for name in names:
         if name in HARMONIC_VARIANTS:  # flags of one model: same count, or an option's own parameters
-            config = harmonic_config(shape, vocab_size, **HARMONIC_VARIANTS[name])
+            config = harmonic_config(shape, vocab_size, context, **HARMONIC_VARIANTS[name])
             params = target if name == "harmonic" else count_parameters(config)
         elif name == "transformer":
             widths = range(8, 16 * shape.intermediate_size + 8, 8)

@@ -20,6 +20,17 @@ ARCHITECTURES = (
     "harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states",
     "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal",
 )
+# `model.timescale_bands: context`: at every training context C, three levels with edges at C^(1/3)
+# and C^(2/3). Why: at 256, [[1, 6], [6, 40], [40, 256]] beat the fixed [[1, 16], [16, 256],
+# [256, 4096]] (valid 2.960 vs 2.976; evals/results/study-enwik8-cpu-init, "Small gains together"),
+# and a band past the context trains nothing the test windows can use.
+CONTEXT_BANDS = "context"
+
+
+def context_bands(context: int, levels: int = 3) -> list[list[float]]:
+    """Timescale bands splitting [1, context] geometrically into ``levels`` bands."""
+    edges = [float(context) ** (level / levels) for level in range(levels + 1)]
+    return [[edges[level], edges[level + 1]] for level in range(levels)]
 
 
 @dataclass
@@ -41,12 +52,13 @@ class StudyModelSection:
     num_layers: int = 4  # Harmonic / transformer layers
     num_heads: int = 4  # heads (state channels = hidden_size for Harmonic; attention heads for the transformer)
     intermediate_size: int = 352  # MLP width of the Harmonic model; the transformer's is fitted to match parameters
-    timescale_bands: list = field(default_factory=lambda: [[1.0, 16.0], [16.0, 256.0], [256.0, 4096.0]])
+    timescale_bands: list | str = field(default_factory=lambda: [[1.0, 16.0], [16.0, 256.0], [256.0, 4096.0]])  # or "context": three bands splitting [1, context] geometrically
     gate_rank: int | None = None  # low-rank size of the Harmonic decay gates (null = hidden // 8)
     predictor_rank: int | None = None  # low-rank size of the inter-level predictors (null = hidden // 8)
     state_size: int = 1  # numbers per channel per level of the Harmonic state (1 = the diagonal block; > 1 selective)
     recompute_mixer: bool = False  # Harmonic: recompute each block in backward (training memory of its input only)
-    short_conv_size: int = 4  # taps of the causal value conv of the `harmonic-short-conv` variant
+    short_conv_size: int = 4  # taps of the causal stream conv of `harmonic-short-conv` (and of every Harmonic model with short_conv)
+    short_conv: bool = False  # every Harmonic model filters its v / k / q streams with that conv (harmonic-short-conv always does)
     mamba_layers: int | None = None  # Mamba blocks (null = 2 x num_layers: a Mamba block has no MLP)
     mamba_state_size: int = 16  # Mamba's SSM state per channel (N)
     mamba_expand: int = 2  # Mamba's inner width factor; its hidden size is fitted to match parameters
@@ -142,8 +154,13 @@ def _validate(recipe: StudyRecipe) -> None:
     if not 0 < m.param_tolerance < 1:
         raise RecipeError(f"recipe key `model.param_tolerance` must be in (0, 1), got {m.param_tolerance!r}")
     bands = m.timescale_bands
-    if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
-        raise RecipeError(f"recipe key `model.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")
+    if bands != CONTEXT_BANDS and (
+        isinstance(bands, str) or not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands)
+    ):
+        raise RecipeError(
+            f"recipe key `model.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, "
+            f"or {CONTEXT_BANDS!r} (bands fitted to each context), got {bands!r}"
+        )
     bad = [c for c in recipe.contexts if t.batch_tokens % c]
     if bad:
         raise RecipeError(

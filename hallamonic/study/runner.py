@@ -233,14 +233,20 @@ def run_study(recipe: StudyRecipe, out: Path, *, resume: bool = False, overwrite
         split_windows(corpus, "test", context, recipe.eval.tokens)
         if len(corpus.train) < context:
             raise DataError(f"the training split has {len(corpus.train)} tokens, fewer than one context of {context}")
-    archs = build_architectures(recipe.model, corpus.vocab_size, recipe.models, max(recipe.contexts))
+    longest = max(recipe.contexts)
+    archs_at = {  # per context: Harmonic's timescale bands may follow it (`timescale_bands: context`)
+        context: build_architectures(recipe.model, corpus.vocab_size, recipe.models, longest, context=context)
+        for context in recipe.contexts
+    }
+    archs = archs_at[longest]
     covered = _prepare_output(recipe, out, resume, overwrite)
-    target = count_parameters(harmonic_config(recipe.model, corpus.vocab_size))
+    target = count_parameters(harmonic_config(recipe.model, corpus.vocab_size, longest))
     echo(f"{corpus.source}: {len(corpus.train):,} train / {len(corpus.valid):,} valid / {len(corpus.test):,} test tokens ({corpus.unit})")
     for name, arch in archs.items():
         echo(f"  {name:24s} {arch.params:>12,} parameters ({100 * (arch.params / target - 1):+.1f}% vs harmonic)  [{implementation(arch)}]")
     echo(f"every run: {recipe.steps} steps x {recipe.train.batch_tokens:,} tokens = {recipe.steps * recipe.train.batch_tokens:,} tokens")
     for context in recipe.contexts:
+        archs = archs_at[context]
         for name in recipe.models:
             done = _run_dir(out, name, context) / "result.json"
             if done.is_file():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hallamonic.study.models import ParameterMismatch, build_architectures, count_parameters
-from hallamonic.study.recipe import ARCHITECTURES, StudyModelSection
+from hallamonic.study.recipe import ARCHITECTURES, StudyModelSection, context_bands
 
 SHAPE = StudyModelSection(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=96)
 
@@ -59,3 +59,22 @@ def test_the_recipes_initializer_range_scales_every_models_fresh_weights():
         embedding_std = lambda m: m.get_input_embeddings().weight.std().item()  # noqa: E731
         assert embedding_std(broad) == pytest.approx(0.1, rel=0.1)
         assert embedding_std(narrow) == pytest.approx(0.02, rel=0.1)
+
+
+def test_context_bands_split_each_training_context_geometrically_and_short_conv_reaches_every_harmonic():
+    shape = StudyModelSection(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=96,
+                              timescale_bands="context", short_conv=True)
+    names = ["harmonic", "harmonic-no-hierarchy", "harmonic-diagonal", "transformer"]
+    at_256 = build_architectures(shape, 256, names, 1024, context=256)
+    at_1024 = build_architectures(shape, 256, names, 1024)  # the context defaults to the longest
+    flat = lambda bands: [tau for band in bands for tau in band]  # noqa: E731
+    third, two_thirds = 256 ** (1 / 3), 256 ** (2 / 3)
+    assert flat(at_256["harmonic"].config.timescale_bands) == pytest.approx([1, third, third, two_thirds, two_thirds, 256])
+    assert context_bands(256)[1] == pytest.approx([6.35, 40.32], abs=0.01)  # the bands measured best at 256
+    for name in names[:3]:
+        assert flat(at_1024[name].config.timescale_bands) == pytest.approx(flat(context_bands(1024)))
+        assert at_256[name].params == at_1024[name].params  # bands move the gates' biases only
+        assert at_256[name].config.short_conv_size == shape.short_conv_size > 0
+    assert at_256["transformer"].params == at_1024["transformer"].params
+    fixed = build_architectures(SHAPE, 256, ["harmonic"], 1024, context=256)["harmonic"]
+    assert fixed.config.timescale_bands == SHAPE.timescale_bands and fixed.config.short_conv_size == 0

@@ -55,6 +55,8 @@ def test_the_cpu_recipe_has_1_to_3m_parameter_models_and_contexts_256_to_2k():
         ("model.param_tolerance=0", "(0, 1)"),
         ("train.lr=0", "train.lr"),
         ("train.tokns=5", "did you mean `train.tokens`"),
+        ("model.timescale_bands=wide", "or 'context'"),
+        ("model.timescale_bands=[[4, 2]]", "1 <= tau_min <= tau_max"),
     ],
 )
 def test_bad_values_are_named(override, message):

@@ -149,6 +149,18 @@ def test_sessions_running_subsets_share_one_report(tmp_path, tiny_overrides):
         assert entry["valid_bits"].keys() == entry["bits"].keys()
 
 
+def test_context_bands_train_each_context_with_its_own_bands(tmp_path, tiny_overrides):
+    from hallamonic.study.recipe import context_bands
+
+    recipe = load_study_recipe("study-ci", tiny_overrides + ["models=[harmonic]", "model.timescale_bands=context"])
+    runner.run_study(recipe, tmp_path, echo=lambda *_: None)
+    for context in (32, 64):
+        saved = json.loads((tmp_path / "runs" / "harmonic" / f"ctx-{context}" / "config.json").read_text())
+        assert [tau for band in saved["timescale_bands"] for tau in band] == pytest.approx(
+            [tau for band in context_bands(context) for tau in band]
+        )
+
+
 def test_wikitext_with_a_tokenizer_reports_bits_per_token(tmp_path, enwik8_path):
     """The WikiText setting: a local WikiText file, split by position, with the recipe's tokenizer."""
     from hallamonic.tiny import build_tiny_tokenizer

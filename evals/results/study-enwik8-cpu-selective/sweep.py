@@ -160,7 +160,7 @@ if os.environ.get("ARCH"):  # a baseline (transformer / mamba) fitted to Harmoni
     from hallamonic.study.models import build_architectures
     config = build_architectures(recipe.model, corpus.vocab_size, [os.environ["ARCH"]], ctx)[os.environ["ARCH"]].config
 else:
-    config = harmonic_config(recipe.model, corpus.vocab_size)
+    config = harmonic_config(recipe.model, corpus.vocab_size, ctx)
 for k, v in flags.items():
     setattr(config, k, v)
 arch = Architecture(name, config, count_parameters(config))
