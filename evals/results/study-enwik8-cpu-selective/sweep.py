@@ -15,7 +15,9 @@ decayed sum with the gated delta rule of ../smollm2-135m-transfer-probe/probe.py
 vectors, beta = sigmoid(w.x + c) per head, one decay per head: the mean of the head's log a).
 D_SKIP=1 adds Mamba's D, a learned per-channel skip of v (init 1) into the mixer output before o_proj;
 GATE_FROM_X=1 makes every level's decay gate read the block input x (as Mamba's dt does) instead of
-the level's own input (v or the normalised error)."""
+the level's own input (v or the normalised error). RESID_SCALE=1 scales every residual write
+(o_proj, down_proj) by 1 / sqrt(2 x layers) after init, as GPT-2 does.
+Since 2026-12-04 the recipe carries lr 6e-3, weight decay 0, short_conv and context bands: '{}' is that row."""
 import os
 
 import torch
@@ -31,6 +33,12 @@ def build(self, seed):
             if isinstance(mod, MH.StateMap):
                 with torch.no_grad():
                     mod.weight.normal_(0, float(std), generator=g)
+    if os.environ.get("RESID_SCALE"):  # GPT-2's scaled init: every residual write (o_proj, down_proj) / sqrt(2 x layers)
+        layers = m.config.num_hidden_layers
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    p.mul_((2 * layers) ** -0.5)
     scale = os.environ.get("GATE_BIAS_SCALE")
     if scale:  # learnable band edges: the gate biases (timescales) move `scale` times faster under Adam
         from torch.nn.utils import parametrize
@@ -168,4 +176,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X", "RESID_SCALE")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
