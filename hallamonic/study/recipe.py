@@ -154,9 +154,7 @@ def _validate(recipe: StudyRecipe) -> None:
     if not 0 < m.param_tolerance < 1:
         raise RecipeError(f"recipe key `model.param_tolerance` must be in (0, 1), got {m.param_tolerance!r}")
     bands = m.timescale_bands
-    if bands != CONTEXT_BANDS and (
-        isinstance(bands, str) or not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands)
-    ):
+    if bands != CONTEXT_BANDS and (not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands)):
         raise RecipeError(
             f"recipe key `model.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, "
             f"or {CONTEXT_BANDS!r} (bands fitted to each context), got {bands!r}"

@@ -38,12 +38,13 @@ def edu_pieces() -> list[str]:
 
 
 def _pack(units: list[str], joiner: str) -> list[str]:
-    pieces, current = [], []
+    pieces, current, size = [], [], 0
     for unit in units:
         current.append(unit)
-        if sum(len(u) for u in current) >= CHUNK:
+        size += len(unit)
+        if size >= CHUNK:
             pieces.append(joiner.join(current))
-            current = []
+            current, size = [], 0
     if current:
         pieces.append(joiner.join(current))
     return pieces
