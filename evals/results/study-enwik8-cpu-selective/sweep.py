@@ -150,6 +150,286 @@ if os.environ.get("GATE_FROM_X"):  # every level's decay gate reads the block in
         for gate in self.gates:
             gate.register_forward_pre_hook(lambda mod, args: (self._x,))
     MH.HarmonicBlock.__init__ = block_init5
+def _level_hooks():
+    """Wraps HarmonicBlock.forward / _level so that per-level options below know the block input
+    x and which level _level is computing (levels run in order inside one forward)."""
+    if getattr(MH.HarmonicBlock, "_level_hooked", False):
+        return
+    MH.HarmonicBlock._level_hooked = True
+    fwd, lvl = MH.HarmonicBlock.forward, MH.HarmonicBlock._level
+    def forward(self, x, state=None, mask=None):
+        self._x, self._lvl = x, 0
+        return fwd(self, x, state, mask)
+    def level(self, log_a, level_input, maps, state, mask):
+        index = self._lvl
+        self._lvl += 1
+        for hook in self._level_pre:
+            log_a, level_input, maps = hook(self, index, log_a, level_input, maps)
+        y, final = lvl(self, log_a, level_input, maps, state, mask)
+        for hook in self._level_post:
+            y = hook(self, index, y)
+        return y, final
+    MH.HarmonicBlock.forward, MH.HarmonicBlock._level = forward, level
+    MH.HarmonicBlock._level_pre, MH.HarmonicBlock._level_post = [], []
+def _block_extra(init_fn):
+    orig = MH.HarmonicBlock.__init__
+    def block_init(self, config, layer_idx=0):
+        orig(self, config, layer_idx)
+        init_fn(self, config)
+    MH.HarmonicBlock.__init__ = block_init
+if os.environ.get("PER_LEVEL_MAPS"):  # read (r) or write and read (wr) maps of its own for every level above the first
+    _level_hooks()
+    which = os.environ["PER_LEVEL_MAPS"]
+    def init_maps(self, config):
+        extra = self.num_levels - 1
+        self.level_reads = torch.nn.ModuleList(MH.StateMap(config.hidden_size, self.state_read.out_features) for _ in range(extra))
+        if which == "wr":
+            self.level_writes = torch.nn.ModuleList(MH.StateMap(config.hidden_size, self.state_write.out_features) for _ in range(extra))
+    _block_extra(init_maps)
+    def per_level_maps(self, index, log_a, level_input, maps):
+        if index == 0 or maps is None:
+            return log_a, level_input, maps
+        write, read = maps
+        batch, length = write.shape[:2]
+        read = self.level_reads[index - 1](self._x).float().view(batch, length, -1, self.state_size) * self.state_size**-0.5
+        if which == "wr":
+            write = self.level_writes[index - 1](self._x).float().view(batch, length, -1, self.state_size)
+        return log_a, level_input, (write, read)
+    MH.HarmonicBlock._level_pre.append(per_level_maps)
+if os.environ.get("LEVEL_SCALE"):  # a learned per-level, per-channel output scale (init 1) before the levels are summed
+    _level_hooks()
+    _block_extra(lambda self, config: setattr(self, "level_scale", torch.nn.Parameter(torch.ones(self.num_levels, config.state_width))))
+    MH.HarmonicBlock._level_post.append(lambda self, index, y: y * self.level_scale[index])
+if os.environ.get("RATE_POWER"):  # write with (1 - a)^p instead of (1 - a): p = 1 is the block, p = 0 writes u unscaled
+    _level_hooks()
+    power = float(os.environ["RATE_POWER"])
+    def rate_power(self, index, log_a, level_input, maps):
+        rate = -torch.expm1(log_a.clamp_min(-MH.MAX_DECAY_RATE))
+        return log_a, level_input * rate.pow(power - 1.0).to(level_input.dtype), maps
+    MH.HarmonicBlock._level_pre.append(rate_power)
+if os.environ.get("QK_NORM"):  # unit-norm write and read vectors (read scaled by QK_NORM), as GLA / GDN normalise q and k
+    _sm2 = MH.HarmonicBlock._state_maps
+    def _state_maps2(self, w, r):
+        wr, rd = _sm2(self, w, r)
+        return torch.nn.functional.normalize(wr, dim=-1), torch.nn.functional.normalize(rd, dim=-1) * float(os.environ["QK_NORM"])
+    MH.HarmonicBlock._state_maps = _state_maps2
+if os.environ.get("OUTPUT_SILU"):  # Mamba's output gate: mixer output * SiLU(W_z x), W_z full rank (hidden -> state width)
+    def init_z(self, config):
+        self.z_proj = torch.nn.Linear(config.hidden_size, config.state_width, bias=False)
+        self.register_forward_pre_hook(lambda mod, args: setattr(mod, "_xz", args[0]))
+        self.o_proj.register_forward_pre_hook(lambda mod, args: (args[0] * torch.nn.functional.silu(self.z_proj(self._xz)),))
+    _block_extra(init_z)
+if os.environ.get("PARALLEL_LEVELS"):  # every level reads v (after the conv) with its own gate: no stacking, no error
+    _level_hooks()
+    def parallel(self, index, log_a, level_input, maps):
+        if index == 0:
+            self._v0 = level_input
+            return log_a, level_input, maps
+        return self.gates[index](self._v0), self._v0, maps
+    MH.HarmonicBlock._level_pre.append(parallel)
+if os.environ.get("MAMBA_MIXER"):  # diagnostic: transformers' MambaMixer (expand 2, N 16, Mamba's init) in the Llama layout, MLP kept
+    from transformers import MambaConfig
+    from transformers.models.mamba.modeling_mamba import MambaMixer
+    class MambaInLlama(torch.nn.Module):
+        def __init__(self, config, layer_idx):
+            super().__init__()
+            mc = MambaConfig(hidden_size=config.hidden_size, state_size=16, expand=2, num_hidden_layers=config.num_hidden_layers,
+                             use_mambapy=True, initializer_range=config.initializer_range)
+            self.mamba = MambaMixer(mc, layer_idx)
+        def forward(self, x, state=None, mask=None):
+            return self.mamba(x), x.new_zeros(x.shape[0], 1, 1)
+        @torch.no_grad()
+        def reinit(self):
+            import math
+            self.mamba.init_mamba_weights()
+            torch.nn.init.kaiming_uniform_(self.mamba.conv1d.weight, a=math.sqrt(5))
+            torch.nn.init.zeros_(self.mamba.conv1d.bias)
+            torch.nn.init.kaiming_uniform_(self.mamba.out_proj.weight, a=math.sqrt(5))
+    _layer_init = MH.HallamonicDecoderLayer.__init__
+    def layer_init(self, config, layer_idx):
+        _layer_init(self, config, layer_idx)
+        self.mixer = MambaInLlama(config, layer_idx)
+    MH.HallamonicDecoderLayer.__init__ = layer_init
+    _build_m = M.Architecture.build
+    def build_m(self, seed):
+        m = _build_m(self, seed)
+        for mod in m.modules():
+            if isinstance(mod, MambaInLlama):
+                mod.reinit()
+        return m
+    M.Architecture.build = build_m
+if os.environ.get("KEY_DECAY"):  # GLA's layout: decay per (head, state) from a gate of its own, so the read picks timescales;
+    # key: only that decay; both: channel decay x state decay (log a summed). (B, L, D, N) materialised.
+    from hallamonic.modeling.hallamonic_scan import scan as diagonal_scan
+    mode = os.environ["KEY_DECAY"]
+    class KeyGate(torch.nn.Module):
+        def __init__(self, width, rank, out, band, n):
+            super().__init__()
+            self.down = torch.nn.Linear(width, rank, bias=False)
+            self.up = MH.TimescaleLinear(rank, out, band, n)
+        def forward(self, u):
+            return -torch.nn.functional.softplus(self.up(self.down(u.float())))
+    def init_key(self, config):
+        out = config.num_attention_heads * config.state_size
+        self.key_gates = torch.nn.ModuleList(KeyGate(config.state_width, config.gate_rank, out, band, config.state_size) for band in config.level_bands)
+    _block_extra(init_key)
+    def key_level(self, log_a, level_input, maps, state, mask):
+        index = self._lvl - 1
+        batch, length, width = level_input.shape
+        heads, n = width // self.head_dim, self.state_size
+        key = self.key_gates[index](level_input).view(batch, length, heads, 1, n)  # (B, L, H, 1, N)
+        chan = log_a.view(batch, length, heads, self.head_dim, 1)
+        la = (key if mode == "key" else key + chan).expand(batch, length, heads, self.head_dim, n).clamp_min(-MH.MAX_DECAY_RATE)
+        write, read = maps
+        b = -torch.expm1(la) * level_input.float().view(batch, length, heads, self.head_dim, 1) * write.unsqueeze(3)
+        prev = state.reshape(batch, -1) if state is not None else None
+        h = diagonal_scan(la.exp().reshape(batch, length, -1), b.reshape(batch, length, -1), prev)
+        y = (h.view(batch, length, heads, self.head_dim, n) * read.unsqueeze(3)).sum(-1)
+        return y.reshape(batch, length, width), h[:, -1].view(batch, width, n)
+    MH.HarmonicBlock._level = key_level
+    _level_hooks()
+if os.environ.get("MINI"):  # diagnostic: a compact Mamba mixer in the Llama layout, its parts switched by MINI="key=value,..."
+    # expand (2), z (1: y * silu(z)), conv (1), act (1: silu after conv), aspread (0: A = 1, the chunked scan; 1: A = 1..N per state as Mamba, (B, L, E, N) materialised, levels=1 only),
+    # dskip (1), inw (dt: write dt * B x as Mamba; rate: (1 - a) * B x as Harmonic), heads (1: B, C shared by all channels)
+    import math
+    from hallamonic.modeling.hallamonic_scan import scan as diagonal_scan
+    opts = dict(expand=2, z=1, conv=1, act=1, aspread=0, dskip=1, inw="dt", heads=1, n=16, levels=1, dtinit="mamba")
+    for item in os.environ["MINI"].split(","):
+        if item:
+            key, value = item.split("=")
+            opts[key] = value if key in ("inw", "dtinit") else int(value)
+    class MiniMamba(torch.nn.Module):
+        def __init__(self, config, layer_idx):
+            super().__init__()
+            w, n = config.hidden_size, opts["n"]
+            self.inner, self.n, self.heads = opts["expand"] * w, n, opts["heads"]
+            self.rank = math.ceil(w / 16)
+            self.levels = opts["levels"]
+            # levels > 1: Harmonic's hierarchy on Mamba's mixer; level l reads the normalised error of
+            # level l-1's input predicted from its output, its dt from its own input; bands = config's
+            self.bands = config.level_bands if (self.levels > 1 or opts["dtinit"] == "bands") else None
+            self.in_proj = torch.nn.Linear(w, self.inner * (2 if opts["z"] else 1), bias=False)
+            self.conv = torch.nn.Conv1d(self.inner, self.inner, 4, groups=self.inner, padding=3) if opts["conv"] else None
+            self.x_proj = torch.nn.Linear(self.inner, self.rank + 2 * n * self.heads, bias=False)
+            self.dt_proj = torch.nn.Linear(self.rank, self.inner, bias=True)
+            self.dt_downs = torch.nn.ModuleList(torch.nn.Linear(self.inner, self.rank, bias=False) for _ in range(self.levels - 1))
+            self.dt_ups = torch.nn.ModuleList(torch.nn.Linear(self.rank, self.inner, bias=True) for _ in range(self.levels - 1))
+            self.predictors = torch.nn.ModuleList(MH.LowRank(self.inner, self.rank * 2, self.inner) for _ in range(self.levels - 1))
+            self.norms = torch.nn.ModuleList(MH.LevelInputNorm(self.inner, config.rms_norm_eps) for _ in range(self.levels - 1))
+            self.A_log = torch.nn.Parameter(torch.zeros(self.inner, n))
+            self.D = torch.nn.Parameter(torch.ones(self.inner)) if opts["dskip"] else None
+            self.out_proj = torch.nn.Linear(self.inner, w, bias=False)
+        @torch.no_grad()
+        def reinit(self):
+            a = torch.arange(1, self.n + 1, dtype=torch.float32) if opts["aspread"] else torch.ones(self.n)
+            self.A_log.copy_(torch.log(a).expand(self.inner, -1))
+            for level, up in enumerate([self.dt_proj, *self.dt_ups]):
+                torch.nn.init.uniform_(up.weight, -self.rank**-0.5, self.rank**-0.5)
+                lo, hi = (0.001, 0.1) if self.bands is None else (1.0 / self.bands[level][1], 1.0 / self.bands[level][0])
+                dt = torch.exp(torch.rand(self.inner) * (math.log(hi) - math.log(lo)) + math.log(lo)).clamp(min=1e-4)
+                up.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            if self.conv is not None:
+                torch.nn.init.kaiming_uniform_(self.conv.weight, a=math.sqrt(5)); torch.nn.init.zeros_(self.conv.bias)
+            torch.nn.init.kaiming_uniform_(self.out_proj.weight, a=math.sqrt(5))
+        def forward(self, x, state=None, mask=None):
+            from hallamonic.modeling.hallamonic_selective_scan import selective_scan
+            batch, length, _ = x.shape
+            xz = self.in_proj(x)
+            u, z = (xz.chunk(2, dim=-1) if opts["z"] else (xz, None))  # (B, L, E)
+            if self.conv is not None:
+                u = self.conv(u.transpose(1, 2))[..., :length].transpose(1, 2)
+            if opts["act"]:
+                u = torch.nn.functional.silu(u)
+            dt, B, C = self.x_proj(u).split([self.rank, self.n * self.heads, self.n * self.heads], dim=-1)
+            Bh = B.float().view(batch, length, self.heads, self.n)
+            Ch = C.float().view(batch, length, self.heads, self.n)
+            heads = lambda t: t.reshape(batch, length, self.heads, -1)  # noqa: E731
+            if opts["aspread"]:  # A = 1..N per state (Mamba): the (B, L, E, N) state sequence materialised, one level
+                step = torch.nn.functional.softplus(self.dt_proj(dt).float())  # (B, L, E)
+                la = step.unsqueeze(-1) * -torch.exp(self.A_log.float())  # (B, L, E, N)
+                weight = step.unsqueeze(-1) if opts["inw"] == "dt" else -torch.expm1(la)
+                per = self.inner // self.heads
+                Bn = Bh.unsqueeze(3).expand(-1, -1, -1, per, -1).reshape(batch, length, self.inner, self.n)
+                Cn = Ch.unsqueeze(3).expand(-1, -1, -1, per, -1).reshape(batch, length, self.inner, self.n)
+                b = weight * Bn * u.float().unsqueeze(-1)  # (B, L, E, N)
+                h = diagonal_scan(la.exp().reshape(batch, length, -1), b.reshape(batch, length, -1), None)
+                y = (h.view(batch, length, self.inner, self.n) * Cn).sum(-1)
+                if self.D is not None:
+                    y = y + self.D * u.float()
+                y = y.to(x.dtype)
+                return self.out_proj(y * torch.nn.functional.silu(z) if z is not None else y), x.new_zeros(batch, 1, 1)
+            A = torch.exp(self.A_log[:, 0].float())  # (E,) one decay rate per channel
+            below = level_input = u
+            total = None
+            for level in range(self.levels):
+                up = self.dt_proj(dt) if level == 0 else self.dt_ups[level - 1](self.dt_downs[level - 1](level_input))
+                step = torch.nn.functional.softplus(up.float())  # (B, L, E)
+                la = (-step * A).clamp_min(-MH.MAX_DECAY_RATE)
+                weight = step if opts["inw"] == "dt" else -torch.expm1(la)
+                y, _ = selective_scan(heads(weight * level_input.float()), heads(la), Bh, Ch, None)
+                y = y.reshape(batch, length, self.inner)
+                total = y if total is None else total + y
+                if level + 1 < self.levels:
+                    h_low = y.to(x.dtype)
+                    below, level_input = h_low, self.norms[level](below - self.predictors[level](h_low))
+            y = total
+            if self.D is not None:
+                y = y + self.D * u.float()
+            y = y.to(x.dtype)
+            if z is not None:
+                y = y * torch.nn.functional.silu(z)
+            return self.out_proj(y), x.new_zeros(batch, 1, 1)
+    _layer_init2 = MH.HallamonicDecoderLayer.__init__
+    def layer_init2(self, config, layer_idx):
+        _layer_init2(self, config, layer_idx)
+        self.mixer = MiniMamba(config, layer_idx)
+    MH.HallamonicDecoderLayer.__init__ = layer_init2
+    _build_mini = M.Architecture.build
+    def build_mini(self, seed):
+        m = _build_mini(self, seed)
+        torch.manual_seed(seed + 11)
+        for mod in m.modules():
+            if isinstance(mod, MiniMamba):
+                mod.reinit()
+        return m
+    M.Architecture.build = build_mini
+if os.environ.get("WRITE_DT"):  # write with dt = -log a (Mamba's input weight) instead of 1 - a
+    _level_hooks()
+    def write_dt(self, index, log_a, level_input, maps):
+        la = log_a.clamp_min(-MH.MAX_DECAY_RATE)
+        return log_a, level_input * (-la / -torch.expm1(la)).to(level_input.dtype), maps
+    MH.HarmonicBlock._level_pre.append(write_dt)
+if os.environ.get("KQ_FROM_U"):  # Mamba's data path: u = act(conv(v_proj x)); write, read and gates all read u, not x
+    # (no conv on k / q: as Mamba's B / C come from the conv'd u). U_ACT=silu|none, U_SKIP=1 adds D * u (Mamba's D).
+    act = os.environ.get("U_ACT", "silu")
+    def init_u(self, config):
+        assert config.state_width == config.hidden_size and self.kv_groups == 1 and self.state_size > 1
+        self.short_conv = None
+        self.v_conv = MH.ShortConv(config.state_width, config.short_conv_size)
+        if os.environ.get("U_SKIP"):
+            self.u_skip = torch.nn.Parameter(torch.ones(config.state_width))
+    _block_extra(init_u)
+    def forward_u(self, x, state=None, mask=None):
+        assert state is None and mask is None, "sweep option: training only"
+        u, _ = self.v_conv(self.v_proj(x), None)  # (B, L, D)
+        if act == "silu":
+            u = torch.nn.functional.silu(u)
+        maps = self._state_maps(self.state_write(u), self.state_read(u))
+        below = level_input = u
+        total = None
+        for level, gate in enumerate(self.gates):
+            log_a = gate(level_input)
+            h, _ = self._level(log_a, level_input, maps, None, None)
+            total = h if total is None else total + h
+            if level + 1 < self.num_levels:
+                h_low = h.to(x.dtype)
+                signal = below - self.predictors[level](h_low) if self.error_signal else h_low
+                below, level_input = h_low, self.error_norms[level](signal)
+        mixed = total.to(x.dtype)
+        if hasattr(self, "u_skip"):
+            mixed = mixed + self.u_skip * u
+        return self.o_proj(mixed), x.new_zeros(x.shape[0], 1, 1)
+    MH.HarmonicBlock.forward = forward_u
 import json, sys, dataclasses
 from pathlib import Path
 import torch
@@ -176,4 +456,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X", "RESID_SCALE")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X", "RESID_SCALE", "PER_LEVEL_MAPS", "LEVEL_SCALE", "RATE_POWER", "QK_NORM", "OUTPUT_SILU", "PARALLEL_LEVELS", "MAMBA_MIXER", "KEY_DECAY", "MINI", "WRITE_DT", "KQ_FROM_U", "U_ACT", "U_SKIP")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
