@@ -18,6 +18,13 @@ where k_t = state_write(x_t) and q_t = state_read(x_t) are shared by the levels;
 place everywhere above (predictors, errors, the sum into o_proj). The current token thereby chooses
 what to store and what to retrieve (``hallamonic_selective_scan.py``).
 
+Mamba's value path, for models trained from scratch (``value_activation="silu"``,
+``maps_from_value=True``, ``value_skip=True``, usually with ``short_conv_init="random"``): the
+levels read u = silu(conv(v)) instead of v, k_t and q_t are linear maps of u instead of x (as
+Mamba's B and C come from its activated conv output), and o_proj receives sum_l y_l + D * u (Mamba's
+D). A converted block cannot start that way (the teacher's k_proj / q_proj read x); from scratch it
+is what closed most of the gap to Mamba (``evals/results/study-enwik8-cpu-gap``).
+
 With ``update_rule="delta"`` those levels overwrite instead of adding (the gated delta rule,
 ``hallamonic_delta_scan.py``): S_l(t) = a_l(t) S_l(t-1) + beta_t (u_l(t) - a_l(t) S_l(t-1) k_t) k_t^T
 with unit-norm k_t, a write strength beta_t = sigmoid(write_strength(x_t)) per head and one decay
@@ -202,6 +209,17 @@ class ShortConv(nn.Module):
         return out.transpose(1, 2), seq[:, seq.shape[1] - (self.taps - 1) :]
 
 
+class ValueSkip(nn.Module):
+    """Mamba's D: y + D * u, a per-channel direct path for the current (filtered) value; D starts at 1."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, mixed: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return mixed + self.weight.to(mixed.dtype) * value.to(mixed.dtype)
+
+
 class DecayGate(nn.Module):
     """log a(t) = -softplus(up(down(u(t)))+bias) in fp32, also under autocast: in bf16, a = 0.999
     would round to 1, and the logits of a slow channel (~ -8) would be off by ~0.03."""
@@ -249,9 +267,13 @@ class HarmonicBlock(nn.Module):
             LowRank(config.hidden_size, config.output_gate_rank, width) if config.output_gate else None
         )
         self.state_size = config.state_size
+        self.maps_from_value = config.maps_from_value
+        self.value_activation = config.value_activation
+        self.value_skip = ValueSkip(width) if config.value_skip else None
         if config.state_size > 1:  # the expanded, selective state: shapes of k_proj / q_proj at N = head_dim
-            self.state_write = StateMap(config.hidden_size, config.num_key_value_heads * config.state_size, bias=config.value_bias)
-            self.state_read = StateMap(config.hidden_size, config.num_attention_heads * config.state_size, bias=config.value_bias)
+            map_input = width if config.maps_from_value else config.hidden_size  # read from u, or from x
+            self.state_write = StateMap(map_input, config.num_key_value_heads * config.state_size, bias=config.value_bias)
+            self.state_read = StateMap(map_input, config.num_attention_heads * config.state_size, bias=config.value_bias)
         self.normalised = config.layer_feature_map(layer_idx) == "hedgehog"
         self.delta = config.layer_update_rule(layer_idx) == "delta"
         if self.delta:
@@ -263,9 +285,10 @@ class HarmonicBlock(nn.Module):
         # a denominator each (stored as 2 x head_dim rows per head).
         self.features = 2 * config.state_size if self.normalised else config.state_size
         kv_width = config.num_key_value_heads * config.head_dim
-        # The short conv filters every stream read from x: v, and with the expanded state k and q too.
+        # The short conv filters every stream read from x: v, and with the expanded state k and q too
+        # (unless they are read from the filtered value stream).
         self.conv_widths = [kv_width]
-        if config.state_size > 1:
+        if config.state_size > 1 and not config.maps_from_value:
             self.conv_widths += [self.state_write.out_features, self.state_read.out_features]
         self.short_conv = ShortConv(sum(self.conv_widths), config.short_conv_size) if config.short_conv_size > 0 else None
 
@@ -304,7 +327,7 @@ class HarmonicBlock(nn.Module):
             y: (B, L, hidden) and the new state, shaped like ``state``.
         """
         streams = [self.v_proj(x)]  # v: (B, L, Dkv)
-        if self.state_size > 1:
+        if self.state_size > 1 and not self.maps_from_value:
             streams += [self.state_write(x), self.state_read(x)]  # k: (B, L, Hkv*N), q: (B, L, H*N)
         tail = None
         if self.short_conv is not None:
@@ -313,14 +336,20 @@ class HarmonicBlock(nn.Module):
                 joined = joined * mask.unsqueeze(-1).to(joined.dtype)
             joined, tail = self.short_conv(joined, self._conv_rows(state))  # (B, L, W), (B, taps-1, W)
             streams = list(joined.split(self.conv_widths, dim=-1))
-        below = self._repeat_kv(streams[0])  # h_0 = v: (B, L, D)
-        maps = self._state_maps(streams[1], streams[2]) if self.state_size > 1 else None
+        value = F.silu(streams[0]) if self.value_activation == "silu" else streams[0]
+        below = self._repeat_kv(value)  # h_0 = u = act(conv(v)): (B, L, D)
+        if self.state_size == 1:
+            maps = None
+        elif self.maps_from_value:  # Mamba's layout: B and C read the filtered, activated value stream
+            maps = self._state_maps(self.state_write(below), self.state_read(below))
+        else:
+            maps = self._state_maps(streams[1], streams[2])
         if self.delta:
             beta = torch.sigmoid(self.write_strength(x).float())  # (B, L, H)
             if mask is not None:  # padding writes nothing
                 beta = beta * mask.unsqueeze(-1)
             maps = (*maps, beta)
-        level_input = below
+        level_input = value_stream = below
         total = None
         finals = []
         for level, gate in enumerate(self.gates):
@@ -333,6 +362,8 @@ class HarmonicBlock(nn.Module):
                 signal = below - self.predictors[level](h_low) if self.error_signal else h_low
                 below, level_input = h_low, self.error_norms[level](signal)
         mixed = total.to(x.dtype)  # (B, L, D)
+        if self.value_skip is not None:
+            mixed = self.value_skip(mixed, value_stream)
         if self.output_gate is not None:
             mixed = mixed * (2.0 * torch.sigmoid(self.output_gate(x)))
         new_state = torch.stack(finals, dim=1)  # (B, levels, D [, N]) fp32
@@ -425,6 +456,11 @@ class HarmonicBlock(nn.Module):
         the value stream repeats kv heads at run time exactly like ``repeat_kv``); with the expanded
         state also k_proj -> ``state_write`` and q_proj -> ``state_read`` (no RoPE), so the block
         starts as a decayed linear attention over the teacher's own queries, keys and values."""
+        if self.maps_from_value:
+            raise ValueError(
+                "init_from_attention: this block reads its write/read vectors from the value stream "
+                "(maps_from_value), so it cannot start from the teacher's k_proj / q_proj; convert with maps_from_value false"
+            )
         pairs = [("v_proj", "v_proj"), ("o_proj", "o_proj")]
         if self.state_size > 1:
             pairs += [("k_proj", "state_write"), ("q_proj", "state_read")]
@@ -502,9 +538,15 @@ class HallamonicPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, ShortConv):
-            identity = torch.zeros_like(module.weight)
-            identity[:, -1] = 1.0  # the current input only: a converted block starts exactly as without it
-            init.copy_(module.weight, identity)
+            if self.config.short_conv_init == "random":  # as nn.Conv1d draws a depthwise conv (fan-in = taps)
+                bound = module.weight.shape[-1] ** -0.5
+                init.uniform_(module.weight, -bound, bound)
+            else:
+                identity = torch.zeros_like(module.weight)
+                identity[:, -1] = 1.0  # the current input only: a converted block starts exactly as without it
+                init.copy_(module.weight, identity)
+        elif isinstance(module, ValueSkip):
+            init.ones_(module.weight)
         elif isinstance(module, TimescaleLinear):
             init.zeros_(module.weight)  # gates start data-independent, at their band's timescales
             init.copy_(module.bias, module.timescale_bias())

@@ -83,7 +83,9 @@ def harmonic_config(
         timescale_bands=bands, hierarchy=hierarchy, error_signal=error_signal, output_gate=output_gate,
         short_conv_size=shape.short_conv_size if short_conv or shape.short_conv else 0,
         state_size=1 if diagonal else shape.state_size,
-        recompute_mixer=shape.recompute_mixer,
+        recompute_mixer=shape.recompute_mixer, short_conv_init=shape.short_conv_init,
+        value_activation=shape.value_activation, maps_from_value=shape.maps_from_value and not diagonal,
+        value_skip=shape.value_skip,
         gate_rank=shape.gate_rank, predictor_rank=shape.predictor_rank, tie_word_embeddings=False,
         bos_token_id=None, eos_token_id=None, **_init_scale(shape),
     )

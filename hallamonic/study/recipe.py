@@ -59,6 +59,10 @@ class StudyModelSection:
     recompute_mixer: bool = False  # Harmonic: recompute each block in backward (training memory of its input only)
     short_conv_size: int = 4  # taps of the causal stream conv of `harmonic-short-conv` (and of every Harmonic model with short_conv)
     short_conv: bool = False  # every Harmonic model filters its v / k / q streams with that conv (harmonic-short-conv always does)
+    short_conv_init: str = "identity"  # Harmonic's short conv at the start: identity (the current input only) | random (as nn.Conv1d)
+    value_activation: str = "identity"  # Harmonic: identity | silu on the filtered value stream u (as Mamba after its conv)
+    maps_from_value: bool = False  # Harmonic: write / read vectors are maps of u instead of x (as Mamba's B / C)
+    value_skip: bool = False  # Harmonic: add D * u to the mixer output (Mamba's D)
     mamba_layers: int | None = None  # Mamba blocks (null = 2 x num_layers: a Mamba block has no MLP)
     mamba_state_size: int = 16  # Mamba's SSM state per channel (N)
     mamba_expand: int = 2  # Mamba's inner width factor; its hidden size is fitted to match parameters
@@ -153,6 +157,15 @@ def _validate(recipe: StudyRecipe) -> None:
         raise RecipeError(f"recipe key `model.mamba_layers` must be > 0 or null, got {m.mamba_layers!r}")
     if not 0 < m.param_tolerance < 1:
         raise RecipeError(f"recipe key `model.param_tolerance` must be in (0, 1), got {m.param_tolerance!r}")
+    from hallamonic.modeling.configuration_hallamonic import SHORT_CONV_INITS, VALUE_ACTIVATIONS
+
+    for key, value, allowed in (
+        ("model.short_conv_init", m.short_conv_init, SHORT_CONV_INITS), ("model.value_activation", m.value_activation, VALUE_ACTIVATIONS),
+    ):
+        if value not in allowed:
+            raise RecipeError(f"recipe key `{key}` must be one of {list(allowed)}, got {value!r}")
+    if m.maps_from_value and m.state_size == 1:
+        raise RecipeError("recipe key `model.maps_from_value` needs the expanded state (`model.state_size` > 1)")
     bands = m.timescale_bands
     if bands != CONTEXT_BANDS and (not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands)):
         raise RecipeError(

@@ -10,6 +10,10 @@ import torch
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM, HarmonicBlock
 
 
+# Mamba's data path from scratch: u = silu(conv(v)), B / C (write / read) and the gates read u, D skip.
+MAMBA_VALUE_PATH = {"short_conv_init": "random", "value_activation": "silu", "maps_from_value": True, "value_skip": True}
+
+
 def tiny_config(**overrides) -> HallamonicConfig:
     values = dict(
         vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -43,11 +47,11 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
     params=[
         (0, 1, "identity"), (4, 1, "identity"), (0, 8, "identity"), (4, 8, "identity"), (0, 8, "hedgehog"),
         (4, 8, "hedgehog"), (4, 8, ["hedgehog", "identity"]), (0, 8, "identity", "delta"), (4, 8, ["hedgehog", "identity"], "delta"),
-        (4, 8, "identity", ["delta", "sum"]),
+        (4, 8, "identity", ["delta", "sum"]), (4, 8, "identity", "sum", MAMBA_VALUE_PATH),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
-        "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules",
+        "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path",
     ],
 )
 def model(request) -> HallamonicForCausalLM:
@@ -56,10 +60,12 @@ def model(request) -> HallamonicForCausalLM:
     Hedgehog features and a normalised read-out (numerator and denominator states), and a model whose
     layers differ (Hedgehog in one, identity in the other: states of two shapes in one cache), and
     the delta rule's levels (alone, in a layer beside a Hedgehog one that keeps the sum, and chosen
-    per layer beside a summing one)."""
-    short_conv_size, state_size, feature_map, *rule = request.param
+    per layer beside a summing one), and Mamba's value path (write/read vectors from the activated,
+    filtered value stream, with its D skip; only v then goes through the conv)."""
+    short_conv_size, state_size, feature_map, *rest = request.param
     return stateful_model(
-        short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map, update_rule=rule[0] if rule else "sum"
+        short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map,
+        update_rule=rest[0] if rest else "sum", **(rest[1] if len(rest) > 1 else {}),
     )
 
 
@@ -171,8 +177,13 @@ def test_cache_size_is_constant_in_generated_length(model):
     "state_size, feature_map, update_rule", [(1, "identity", "sum"), (8, "identity", "sum"), (8, "hedgehog", "sum"), (8, "identity", "delta")]
 )
 @pytest.mark.parametrize("short_conv_size", [0, 4])
-def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size, feature_map, update_rule):
-    model = stateful_model(short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map, update_rule=update_rule).train()
+@pytest.mark.parametrize("value_path", [{}, MAMBA_VALUE_PATH], ids=["x-maps", "mamba-value-path"])
+def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size, feature_map, update_rule, value_path):
+    if value_path and (state_size == 1 or feature_map != "identity" or update_rule != "sum"):
+        pytest.skip("the value path is checked on the plain expanded state")
+    model = stateful_model(
+        short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map, update_rule=update_rule, **value_path
+    ).train()
     ids = torch.randint(0, 97, (2, 45))
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
@@ -459,3 +470,43 @@ def test_delta_rule_needs_the_expanded_state():
         tiny_config(state_size=8, update_rule=["delta"])
     with pytest.raises(ValueError, match="update_rule"):
         tiny_config(state_size=8, update_rule=["delta", "replace"])
+
+
+def test_random_short_conv_init_draws_like_conv1d():
+    """From scratch the conv starts random (uniform in +-1/sqrt(taps), as nn.Conv1d), not as the identity."""
+    torch.manual_seed(0)
+    conv = HallamonicForCausalLM(tiny_config(short_conv_size=4, short_conv_init="random")).model.layers[0].mixer.short_conv.weight
+    assert conv.abs().max() <= 0.5 and conv.std() > 0.2  # bound 1/sqrt(4); the identity has std 0.43 but only 0s and 1s
+    assert not torch.all((conv == 0) | (conv == 1))
+
+
+def test_mamba_value_path_reads_maps_from_the_value_stream():
+    """With maps_from_value the write/read maps take u (state width) and only v is filtered by the conv;
+    the value skip makes the current token reach the output directly (and starts at D = 1)."""
+    config = tiny_config(short_conv_size=4, state_size=8, **MAMBA_VALUE_PATH)
+    block = HallamonicForCausalLM(config).model.layers[0].mixer
+    assert block.state_write.in_features == block.state_read.in_features == config.state_width
+    assert block.conv_widths == [config.num_key_value_heads * config.head_dim]
+    assert torch.equal(block.value_skip.weight, torch.ones(config.state_width))
+    x = torch.randn(1, 6, config.hidden_size)
+    with torch.no_grad():
+        with_skip, _ = block(x)
+        block.value_skip.weight.zero_()
+        without, _ = block(x)
+    assert (with_skip - without).abs().max() > 1e-3
+
+
+def test_mamba_value_path_refuses_attention_init_and_needs_the_expanded_state():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    config = tiny_config(short_conv_size=4, state_size=8, maps_from_value=True)
+    attention = LlamaAttention(LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8), 0)
+    with pytest.raises(ValueError, match="maps_from_value"):
+        HarmonicBlock(config).init_from_attention(attention)
+    with pytest.raises(ValueError, match="maps_from_value"):
+        tiny_config(maps_from_value=True)  # state_size 1
+    with pytest.raises(ValueError, match="value_activation"):
+        tiny_config(value_activation="relu")
+    with pytest.raises(ValueError, match="short_conv_init"):
+        tiny_config(short_conv_init="zeros")

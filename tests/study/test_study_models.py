@@ -78,3 +78,16 @@ def test_context_bands_split_each_training_context_geometrically_and_short_conv_
     assert at_256["transformer"].params == at_1024["transformer"].params
     fixed = build_architectures(SHAPE, 256, ["harmonic"], 1024, context=256)["harmonic"]
     assert fixed.config.timescale_bands == SHAPE.timescale_bands and fixed.config.short_conv_size == 0
+
+
+def test_mambas_value_path_reaches_every_harmonic_but_not_the_diagonal_maps():
+    shape = StudyModelSection(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=96, state_size=8, short_conv=True,
+                              short_conv_init="random", value_activation="silu", maps_from_value=True, value_skip=True)
+    archs = build_architectures(shape, 256, ["harmonic", "harmonic-no-hierarchy", "harmonic-diagonal", "mamba"], 256)
+    for name in ("harmonic", "harmonic-no-hierarchy"):
+        config = archs[name].config
+        assert (config.short_conv_init, config.value_activation, config.maps_from_value, config.value_skip) == ("random", "silu", True, True)
+    diagonal = archs["harmonic-diagonal"].config
+    assert diagonal.state_size == 1 and not diagonal.maps_from_value and diagonal.value_skip  # no maps to move
+    plain = build_architectures(SHAPE, 256, ["harmonic"], 256)["harmonic"].config
+    assert (plain.short_conv_init, plain.value_activation, plain.maps_from_value, plain.value_skip) == ("identity", "identity", False, False)

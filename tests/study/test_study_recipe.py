@@ -57,11 +57,18 @@ def test_the_cpu_recipe_has_1_to_3m_parameter_models_and_contexts_256_to_2k():
         ("train.tokns=5", "did you mean `train.tokens`"),
         ("model.timescale_bands=wide", "or 'context'"),
         ("model.timescale_bands=[[4, 2]]", "1 <= tau_min <= tau_max"),
+        ("model.value_activation=relu", "model.value_activation` must be one of"),
+        ("model.short_conv_init=zeros", "model.short_conv_init` must be one of"),
     ],
 )
 def test_bad_values_are_named(override, message):
     with pytest.raises(RecipeError, match=re.escape(message)):
         load_study_recipe("study-ci", [override])
+
+
+def test_the_value_path_needs_the_expanded_state():
+    with pytest.raises(RecipeError, match="needs the expanded state"):
+        load_study_recipe("study-ci", ["model.maps_from_value=true", "model.state_size=1"])
 
 
 def test_unknown_recipe_name_suggests_the_closest():

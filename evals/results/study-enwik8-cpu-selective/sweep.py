@@ -39,6 +39,14 @@ def build(self, seed):
             for name, p in m.named_parameters():
                 if name.endswith(("o_proj.weight", "down_proj.weight")):
                     p.mul_((2 * layers) ** -0.5)
+    if os.environ.get("CONV_KAIMING"):  # the short conv drawn as nn.Conv1d draws its weights (kaiming uniform) instead of the identity
+        import math
+        g = torch.Generator().manual_seed(seed + 13)
+        for mod in m.modules():
+            if isinstance(mod, MH.ShortConv):
+                bound = 1.0 / math.sqrt(mod.weight.shape[-1])  # fan_in = taps (depthwise)
+                with torch.no_grad():
+                    mod.weight.uniform_(-bound, bound, generator=g)
     scale = os.environ.get("GATE_BIAS_SCALE")
     if scale:  # learnable band edges: the gate biases (timescales) move `scale` times faster under Adam
         from torch.nn.utils import parametrize
@@ -290,14 +298,16 @@ if os.environ.get("KEY_DECAY"):  # GLA's layout: decay per (head, state) from a 
     _level_hooks()
 if os.environ.get("MINI"):  # diagnostic: a compact Mamba mixer in the Llama layout, its parts switched by MINI="key=value,..."
     # expand (2), z (1: y * silu(z)), conv (1), act (1: silu after conv), aspread (0: A = 1, the chunked scan; 1: A = 1..N per state as Mamba, (B, L, E, N) materialised, levels=1 only),
-    # dskip (1), inw (dt: write dt * B x as Mamba; rate: (1 - a) * B x as Harmonic), heads (1: B, C shared by all channels)
+    # dskip (1), inw (dt: write dt * B x as Mamba; rate: (1 - a) * B x as Harmonic), heads (1: B, C shared by all channels),
+    # levels (1), dtinit (auto), convinit (kaiming | identity), outinit (kaiming | normal), alearn (1: A_log trained),
+    # rscale (0 | 1: C / sqrt(N) as Harmonic's read), dtzero (0 | 1: dt_proj weights start at 0)
     import math
     from hallamonic.modeling.hallamonic_scan import scan as diagonal_scan
-    opts = dict(expand=2, z=1, conv=1, act=1, aspread=0, dskip=1, inw="dt", heads=1, n=16, levels=1, dtinit="mamba")
+    opts = dict(expand=2, z=1, conv=1, act=1, aspread=0, dskip=1, inw="dt", heads=1, n=16, levels=1, dtinit="auto", convinit="kaiming", outinit="kaiming", alearn=1, rscale=0, dtzero=0)
     for item in os.environ["MINI"].split(","):
         if item:
             key, value = item.split("=")
-            opts[key] = value if key in ("inw", "dtinit") else int(value)
+            opts[key] = value if key in ("inw", "dtinit", "convinit", "outinit") else int(value)
     class MiniMamba(torch.nn.Module):
         def __init__(self, config, layer_idx):
             super().__init__()
@@ -307,7 +317,11 @@ if os.environ.get("MINI"):  # diagnostic: a compact Mamba mixer in the Llama lay
             self.levels = opts["levels"]
             # levels > 1: Harmonic's hierarchy on Mamba's mixer; level l reads the normalised error of
             # level l-1's input predicted from its output, its dt from its own input; bands = config's
-            self.bands = config.level_bands if (self.levels > 1 or opts["dtinit"] == "bands") else None
+            # dtinit: auto (bands with levels > 1, else mamba), mamba (every level 1/dt in [10, 1000]), bands (the config's
+            # level bands), union (every level over [min, max] of the bands)
+            init = opts["dtinit"] if opts["dtinit"] != "auto" else ("bands" if self.levels > 1 else "mamba")
+            union = [min(lo for lo, _ in config.level_bands), max(hi for _, hi in config.level_bands)]
+            self.bands = {"mamba": None, "bands": config.level_bands, "union": [union] * self.levels}[init]
             self.in_proj = torch.nn.Linear(w, self.inner * (2 if opts["z"] else 1), bias=False)
             self.conv = torch.nn.Conv1d(self.inner, self.inner, 4, groups=self.inner, padding=3) if opts["conv"] else None
             self.x_proj = torch.nn.Linear(self.inner, self.rank + 2 * n * self.heads, bias=False)
@@ -328,9 +342,19 @@ if os.environ.get("MINI"):  # diagnostic: a compact Mamba mixer in the Llama lay
                 lo, hi = (0.001, 0.1) if self.bands is None else (1.0 / self.bands[level][1], 1.0 / self.bands[level][0])
                 dt = torch.exp(torch.rand(self.inner) * (math.log(hi) - math.log(lo)) + math.log(lo)).clamp(min=1e-4)
                 up.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            if opts["dtzero"]:  # Harmonic's TimescaleLinear: the gate starts data-independent
+                for up in [self.dt_proj, *self.dt_ups]:
+                    torch.nn.init.zeros_(up.weight)
+            if not opts["alearn"]:
+                self.A_log.requires_grad_(False)
             if self.conv is not None:
-                torch.nn.init.kaiming_uniform_(self.conv.weight, a=math.sqrt(5)); torch.nn.init.zeros_(self.conv.bias)
-            torch.nn.init.kaiming_uniform_(self.out_proj.weight, a=math.sqrt(5))
+                if opts["convinit"] == "identity":  # Harmonic's ShortConv: the current input only
+                    torch.nn.init.zeros_(self.conv.weight); self.conv.weight[:, 0, -1] = 1.0
+                else:
+                    torch.nn.init.kaiming_uniform_(self.conv.weight, a=math.sqrt(5))
+                torch.nn.init.zeros_(self.conv.bias)
+            if opts["outinit"] == "kaiming":  # else the model's normal(0, initializer_range), as Harmonic's o_proj
+                torch.nn.init.kaiming_uniform_(self.out_proj.weight, a=math.sqrt(5))
         def forward(self, x, state=None, mask=None):
             from hallamonic.modeling.hallamonic_selective_scan import selective_scan
             batch, length, _ = x.shape
@@ -342,7 +366,7 @@ if os.environ.get("MINI"):  # diagnostic: a compact Mamba mixer in the Llama lay
                 u = torch.nn.functional.silu(u)
             dt, B, C = self.x_proj(u).split([self.rank, self.n * self.heads, self.n * self.heads], dim=-1)
             Bh = B.float().view(batch, length, self.heads, self.n)
-            Ch = C.float().view(batch, length, self.heads, self.n)
+            Ch = C.float().view(batch, length, self.heads, self.n) * (self.n**-0.5 if opts["rscale"] else 1.0)
             heads = lambda t: t.reshape(batch, length, self.heads, -1)  # noqa: E731
             if opts["aspread"]:  # A = 1..N per state (Mamba): the (B, L, E, N) state sequence materialised, one level
                 step = torch.nn.functional.softplus(self.dt_proj(dt).float())  # (B, L, E)
@@ -456,4 +480,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X", "RESID_SCALE", "PER_LEVEL_MAPS", "LEVEL_SCALE", "RATE_POWER", "QK_NORM", "OUTPUT_SILU", "PARALLEL_LEVELS", "MAMBA_MIXER", "KEY_DECAY", "MINI", "WRITE_DT", "KQ_FROM_U", "U_ACT", "U_SKIP")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X", "RESID_SCALE", "PER_LEVEL_MAPS", "LEVEL_SCALE", "RATE_POWER", "QK_NORM", "OUTPUT_SILU", "PARALLEL_LEVELS", "MAMBA_MIXER", "KEY_DECAY", "MINI", "WRITE_DT", "KQ_FROM_U", "U_ACT", "U_SKIP", "CONV_KAIMING")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
