@@ -29,7 +29,6 @@ library and its siblings, and does no I/O.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
