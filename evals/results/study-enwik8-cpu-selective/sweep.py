@@ -17,7 +17,15 @@ D_SKIP=1 adds Mamba's D, a learned per-channel skip of v (init 1) into the mixer
 GATE_FROM_X=1 makes every level's decay gate read the block input x (as Mamba's dt does) instead of
 the level's own input (v or the normalised error). RESID_SCALE=1 scales every residual write
 (o_proj, down_proj) by 1 / sqrt(2 x layers) after init, as GPT-2 does.
-Since 2026-12-04 the recipe carries lr 6e-3, weight decay 0, short_conv and context bands: '{}' is that row."""
+Since 2026-12-04 the recipe carries lr 6e-3, weight decay 0, short_conv and context bands: '{}' is that row.
+Since 2026-12-04 (third session) it also carries Mamba's value path (random conv init, silu(conv(v)),
+maps from u, D skip; intermediate_size 342): '{}' is the study's harmonic row of
+../study-enwik8-cpu-value-path; rows of ../study-enwik8-cpu-gap ran before that, on the combined
+recipe (reproduce them with '{"short_conv_init": "identity", "value_activation": "identity",
+"maps_from_value": false, "value_skip": false}' '{"model.intermediate_size": 341}' plus their own
+settings). Options added for that diagnosis (each explained where it is defined below): PER_LEVEL_MAPS,
+LEVEL_SCALE, RATE_POWER, QK_NORM, OUTPUT_SILU, PARALLEL_LEVELS, MAMBA_MIXER, KEY_DECAY, MINI, WRITE_DT,
+KQ_FROM_U / U_ACT / U_SKIP, CONV_KAIMING."""
 import os
 
 import torch
