@@ -10,6 +10,10 @@
   ``harmonic-output-gate`` / ``harmonic-short-conv``: options beyond
   the seed design (a low-rank output gate, +2 x hidden x hidden/8 parameters per layer; a causal
   depthwise conv of the value stream, + hidden x taps). Not fitted: their counts are printed.
+- ``harmonic-one-level``: no hierarchy at all: one level whose band spans all of the three
+  levels' bands, the parameters the other two levels' gates and predictors held going to the MLP
+  (its width is fitted to Harmonic's count). The seed's own no-hierarchy ablation keeps three
+  levels and only shares their band; this row asks whether stacking levels pays for its parameters.
 - ``transformer``: transformers' Llama with the same width, depth and heads; its MLP width is fitted
   so the parameter count matches (attention is 4 d^2 per layer, a HarmonicBlock ~3.3 d^2).
 - ``mamba``: transformers' Mamba (its PyTorch path without CUDA kernels), ``mamba_layers`` blocks;
@@ -20,7 +24,7 @@ Untied input and output embeddings everywhere, so no model gets a parameter disc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -70,13 +74,15 @@ def _init_scale(shape: StudyModelSection) -> dict:
 
 def harmonic_config(
     shape: StudyModelSection, vocab_size: int, context: int, *, hierarchy: bool = True, error_signal: bool = True,
-    output_gate: bool = False, short_conv: bool = False, diagonal: bool = False,
+    output_gate: bool = False, short_conv: bool = False, diagonal: bool = False, one_level: bool = False,
 ):
     """A Harmonic model of the study's shape for training at ``context`` (which sets the timescale
     bands when the recipe says ``timescale_bands: context``; nothing else depends on it)."""
     from hallamonic.modeling import HallamonicConfig
 
     bands = context_bands(context) if shape.timescale_bands == CONTEXT_BANDS else shape.timescale_bands
+    if one_level:
+        bands = [[min(lo for lo, _ in bands), max(hi for _, hi in bands)]]
     return HallamonicConfig(
         vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
@@ -121,6 +127,7 @@ HARMONIC_VARIANTS = {
     "harmonic-output-gate": {"output_gate": True},
     "harmonic-short-conv": {"short_conv": True},
     "harmonic-diagonal": {"diagonal": True},
+    "harmonic-one-level": {"one_level": True},  # its MLP width is fitted (build_architectures)
 }
 
 
@@ -152,7 +159,12 @@ def build_architectures(
     target = count_parameters(harmonic_config(shape, vocab_size, context))
     archs: dict[str, Architecture] = {}
     for name in names:
-        if name in HARMONIC_VARIANTS:  # flags of one model: same count, or an option's own parameters
+        if name == "harmonic-one-level":  # the two levels' parameters go to the MLP
+            widths = range(8, 4 * shape.intermediate_size + 8)
+            config, params = _fit(
+                lambda w: harmonic_config(replace(shape, intermediate_size=w), vocab_size, context, one_level=True), widths, target
+            )
+        elif name in HARMONIC_VARIANTS:  # flags of one model: same count, or an option's own parameters
             config = harmonic_config(shape, vocab_size, context, **HARMONIC_VARIANTS[name])
             params = target if name == "harmonic" else count_parameters(config)
         elif name == "transformer":
@@ -163,7 +175,7 @@ def build_architectures(
             config, params = _fit(lambda w: mamba_config(shape, vocab_size, w), widths, target)
         else:
             raise ValueError(f"unknown architecture {name!r}")
-        if name not in HARMONIC_VARIANTS and abs(params - target) > shape.param_tolerance * target:
+        if (name not in HARMONIC_VARIANTS or name == "harmonic-one-level") and abs(params - target) > shape.param_tolerance * target:
             raise ParameterMismatch(
                 f"{name}: closest size has {params:,} parameters vs Harmonic's {target:,} "
                 f"({100 * (params / target - 1):+.1f}%, tolerance {100 * shape.param_tolerance:.0f}%); change the model shape"

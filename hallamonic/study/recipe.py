@@ -18,7 +18,7 @@ STUDY_RECIPES_DIR = RECIPES_DIR / "study"
 # The summary's three architectures, its two ablations, and two options beyond the seed design.
 ARCHITECTURES = (
     "harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states",
-    "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal",
+    "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal", "harmonic-one-level",
 )
 # `model.timescale_bands: context`: at every training context C, three levels with edges at C^(1/3)
 # and C^(2/3). Why: at 256, [[1, 6], [6, 40], [40, 256]] beat the fixed [[1, 16], [16, 256],

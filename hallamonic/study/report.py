@@ -13,7 +13,8 @@ from pathlib import Path
 from hallamonic.study.recipe import StudyRecipe
 
 BASELINES = ("transformer", "mamba")
-VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal")
+VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal",
+            "harmonic-one-level")
 
 
 def collect(out: Path, recipe: StudyRecipe) -> dict:

@@ -174,13 +174,13 @@ def test_cache_size_is_constant_in_generated_length(model):
 
 
 @pytest.mark.parametrize(
-    "state_size, feature_map, update_rule", [(1, "identity", "sum"), (8, "identity", "sum"), (8, "hedgehog", "sum"), (8, "identity", "delta")]
+    "state_size, feature_map, update_rule, value_path",
+    [(1, "identity", "sum", {}), (8, "identity", "sum", {}), (8, "hedgehog", "sum", {}), (8, "identity", "delta", {}),
+     (8, "identity", "sum", MAMBA_VALUE_PATH)],
+    ids=["diagonal", "selective", "hedgehog", "delta", "mamba-value-path"],
 )
 @pytest.mark.parametrize("short_conv_size", [0, 4])
-@pytest.mark.parametrize("value_path", [{}, MAMBA_VALUE_PATH], ids=["x-maps", "mamba-value-path"])
 def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size, feature_map, update_rule, value_path):
-    if value_path and (state_size == 1 or feature_map != "identity" or update_rule != "sum"):
-        pytest.skip("the value path is checked on the plain expanded state")
     model = stateful_model(
         short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map, update_rule=update_rule, **value_path
     ).train()

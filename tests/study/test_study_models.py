@@ -91,3 +91,13 @@ def test_mambas_value_path_reaches_every_harmonic_but_not_the_diagonal_maps():
     assert diagonal.state_size == 1 and not diagonal.maps_from_value and diagonal.value_skip  # no maps to move
     plain = build_architectures(SHAPE, 256, ["harmonic"], 256)["harmonic"].config
     assert (plain.short_conv_init, plain.value_activation, plain.maps_from_value, plain.value_skip) == ("identity", "identity", False, False)
+
+
+def test_one_level_spans_every_band_and_spends_the_saved_parameters_on_the_mlp():
+    shape = StudyModelSection(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=96, state_size=8,
+                              timescale_bands="context", param_tolerance=0.02)
+    archs = build_architectures(shape, 256, ["harmonic", "harmonic-one-level"], 512)
+    one, full = archs["harmonic-one-level"], archs["harmonic"]
+    assert one.config.timescale_bands == [[1.0, 512.0]] and len(full.config.timescale_bands) == 3
+    assert one.config.intermediate_size > full.config.intermediate_size
+    assert abs(one.params - full.params) <= 0.02 * full.params and one.params == count_parameters(one.config)
