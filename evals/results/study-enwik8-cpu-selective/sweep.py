@@ -55,6 +55,11 @@ def build(self, seed):
                 bound = 1.0 / math.sqrt(mod.weight.shape[-1])  # fan_in = taps (depthwise)
                 with torch.no_grad():
                     mod.weight.uniform_(-bound, bound, generator=g)
+    if os.environ.get("LEVEL_NORM"):  # the upper levels' input norms start at this gain (the model's init: initializer_range x sqrt(hidden))
+        for mod in m.modules():
+            if isinstance(mod, MH.LevelInputNorm):
+                with torch.no_grad():
+                    mod.weight.fill_(float(os.environ["LEVEL_NORM"]))
     scale = os.environ.get("GATE_BIAS_SCALE")
     if scale:  # learnable band edges: the gate biases (timescales) move `scale` times faster under Adam
         from torch.nn.utils import parametrize
@@ -193,6 +198,22 @@ def _block_extra(init_fn):
         orig(self, config, layer_idx)
         init_fn(self, config)
     MH.HarmonicBlock.__init__ = block_init
+def _replace_mixer(mixer_class, reseed=None):
+    """Every decoder layer's mixer becomes mixer_class(config, layer_idx), re-initialised by its own
+    reinit() after the model's init (which would otherwise draw its linears like Harmonic's)."""
+    layer_init_orig, build_orig = MH.HallamonicDecoderLayer.__init__, M.Architecture.build
+    def layer_init(self, config, layer_idx):
+        layer_init_orig(self, config, layer_idx)
+        self.mixer = mixer_class(config, layer_idx)
+    def build(self, seed):
+        m = build_orig(self, seed)
+        if reseed is not None:
+            torch.manual_seed(seed + reseed)
+        for mod in m.modules():
+            if isinstance(mod, mixer_class):
+                mod.reinit()
+        return m
+    MH.HallamonicDecoderLayer.__init__, M.Architecture.build = layer_init, build
 if os.environ.get("PER_LEVEL_MAPS"):  # read (r) or write and read (wr) maps of its own for every level above the first
     _level_hooks()
     which = os.environ["PER_LEVEL_MAPS"]
@@ -214,7 +235,11 @@ if os.environ.get("PER_LEVEL_MAPS"):  # read (r) or write and read (wr) maps of 
     MH.HarmonicBlock._level_pre.append(per_level_maps)
 if os.environ.get("LEVEL_SCALE"):  # a learned per-level, per-channel output scale (init 1) before the levels are summed
     _level_hooks()
-    _block_extra(lambda self, config: setattr(self, "level_scale", torch.nn.Parameter(torch.ones(self.num_levels, config.state_width))))
+    def init_scale(self, config):  # LEVEL_SCALE=0: the levels above the first start switched off (the block starts as one level)
+        scale = torch.ones(self.num_levels, config.state_width)
+        scale[1:] = float(os.environ["LEVEL_SCALE"]) if os.environ["LEVEL_SCALE"] != "1" else 1.0
+        self.level_scale = torch.nn.Parameter(scale)
+    _block_extra(init_scale)
     MH.HarmonicBlock._level_post.append(lambda self, index, y: y * self.level_scale[index])
 if os.environ.get("RATE_POWER"):  # write with (1 - a)^p instead of (1 - a): p = 1 is the block, p = 0 writes u unscaled
     _level_hooks()
@@ -261,19 +286,7 @@ if os.environ.get("MAMBA_MIXER"):  # diagnostic: transformers' MambaMixer (expan
             torch.nn.init.kaiming_uniform_(self.mamba.conv1d.weight, a=math.sqrt(5))
             torch.nn.init.zeros_(self.mamba.conv1d.bias)
             torch.nn.init.kaiming_uniform_(self.mamba.out_proj.weight, a=math.sqrt(5))
-    _layer_init = MH.HallamonicDecoderLayer.__init__
-    def layer_init(self, config, layer_idx):
-        _layer_init(self, config, layer_idx)
-        self.mixer = MambaInLlama(config, layer_idx)
-    MH.HallamonicDecoderLayer.__init__ = layer_init
-    _build_m = M.Architecture.build
-    def build_m(self, seed):
-        m = _build_m(self, seed)
-        for mod in m.modules():
-            if isinstance(mod, MambaInLlama):
-                mod.reinit()
-        return m
-    M.Architecture.build = build_m
+    _replace_mixer(MambaInLlama)
 if os.environ.get("KEY_DECAY"):  # GLA's layout: decay per (head, state) from a gate of its own, so the read picks timescales;
     # key: only that decay; both: channel decay x state decay (log a summed). (B, L, D, N) materialised.
     from hallamonic.modeling.hallamonic_scan import scan as diagonal_scan
@@ -411,20 +424,7 @@ if os.environ.get("MINI"):  # diagnostic: a compact Mamba mixer in the Llama lay
             if z is not None:
                 y = y * torch.nn.functional.silu(z)
             return self.out_proj(y), x.new_zeros(batch, 1, 1)
-    _layer_init2 = MH.HallamonicDecoderLayer.__init__
-    def layer_init2(self, config, layer_idx):
-        _layer_init2(self, config, layer_idx)
-        self.mixer = MiniMamba(config, layer_idx)
-    MH.HallamonicDecoderLayer.__init__ = layer_init2
-    _build_mini = M.Architecture.build
-    def build_mini(self, seed):
-        m = _build_mini(self, seed)
-        torch.manual_seed(seed + 11)
-        for mod in m.modules():
-            if isinstance(mod, MiniMamba):
-                mod.reinit()
-        return m
-    M.Architecture.build = build_mini
+    _replace_mixer(MiniMamba, reseed=11)
 if os.environ.get("WRITE_DT"):  # write with dt = -log a (Mamba's input weight) instead of 1 - a
     _level_hooks()
     def write_dt(self, index, log_a, level_input, maps):
@@ -488,4 +488,4 @@ out = Path("outputs/sweep")
 rec = train_one(recipe, arch, ctx, corpus, out, resume=False)
 print(json.dumps({"name": name, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}))
 with open("outputs/sweep/results.jsonl", "a") as f:
-    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X", "RESID_SCALE", "PER_LEVEL_MAPS", "LEVEL_SCALE", "RATE_POWER", "QK_NORM", "OUTPUT_SILU", "PARALLEL_LEVELS", "MAMBA_MIXER", "KEY_DECAY", "MINI", "WRITE_DT", "KQ_FROM_U", "U_ACT", "U_SKIP", "CONV_KAIMING")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
+    f.write(json.dumps({"name": name, "env": {k: v for k, v in os.environ.items() if k in ("MAP_STD", "READ_SCALE", "PER_HEAD_TIMESCALES", "GATE_BIAS_SCALE", "PER_STATE_DECAY", "STREAM_SILU", "HEAD_NORM", "ARCH", "DELTA", "D_SKIP", "GATE_FROM_X", "RESID_SCALE", "PER_LEVEL_MAPS", "LEVEL_SCALE", "RATE_POWER", "QK_NORM", "OUTPUT_SILU", "PARALLEL_LEVELS", "MAMBA_MIXER", "KEY_DECAY", "MINI", "WRITE_DT", "KQ_FROM_U", "U_ACT", "U_SKIP", "CONV_KAIMING", "LEVEL_NORM")}, "flags": flags, "shape": shape, "params": arch.params, "ctx": ctx, "valid": rec.get("valid_bits"), "test": rec["bits"], "s": rec["train_seconds"]}) + "\n")
