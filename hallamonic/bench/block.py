@@ -33,6 +33,10 @@ def saved_bytes(fn) -> tuple[object, int]:
     return result, sum(seen.values())
 
 
+# Mamba's value path, the from-scratch study's block (short conv random, silu, maps from u, D skip).
+VALUE_PATH = {"short_conv_init": "random", "value_activation": "silu", "maps_from_value": True, "value_skip": True}
+
+
 def _harmonic_layer(hidden: int, heads: int, **block):
     """One HarmonicBlock and how to run it; ``block``: config keys (state_size, recompute_mixer, ...)."""
     from hallamonic.modeling import HallamonicConfig
@@ -91,6 +95,8 @@ def benchmark_blocks(
     cases += [(f"harmonic N={n} recompute", {"state_size": n, "recompute_mixer": True}) for n in expanded]
     cases += [(f"harmonic N={n} hedgehog", {"state_size": n, "feature_map": "hedgehog"}) for n in expanded]
     cases += [(f"harmonic N={n} delta", {"state_size": n, "update_rule": "delta"}) for n in expanded]
+    cases += [(f"harmonic N={n} conv", {"state_size": n, "short_conv_size": 4}) for n in expanded]
+    cases += [(f"harmonic N={n} value path", {"state_size": n, "short_conv_size": 4, **VALUE_PATH}) for n in expanded]
     for name, block in cases:
         module, run = _harmonic_layer(hidden, heads, **block)
         ms, memory = _time_forward_backward(module, run, x, repeats)
@@ -124,7 +130,7 @@ def block_command(
 ) -> None:
     """Forward+backward time and saved activation memory of one mixer: HarmonicBlock (N = 1, the
     expanded state with and without recompute, with Hedgehog features and a normalised read-out, and
-    with the gated delta rule) vs a Llama SDPA attention of the same width."""
+    with the gated delta rule, with the short conv, and on Mamba's value path) vs a Llama SDPA attention of the same width."""
     sizes = tuple(int(s) for s in state_sizes.split(","))
     rows = benchmark_blocks(batch, length, hidden, heads, sizes, repeats)
     print(f"one mixer, input ({batch}, {length}, {hidden}), {heads} heads, {torch.get_num_threads()} threads; "

@@ -21,7 +21,7 @@ def test_every_block_variant_gets_a_row_beside_attention():
     names = [r["mixer"] for r in rows]
     assert names == [
         "harmonic N=1", "harmonic N=4", "harmonic N=4 recompute", "harmonic N=4 hedgehog", "harmonic N=4 delta",
-        "llama attention (sdpa)",
+        "harmonic N=4 conv", "harmonic N=4 value path", "llama attention (sdpa)",
     ]
     by_name = {r["mixer"]: r for r in rows}
     assert by_name["harmonic N=4 recompute"]["saved_mb"] < by_name["harmonic N=4"]["saved_mb"]  # recompute keeps less
