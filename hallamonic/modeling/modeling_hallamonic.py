@@ -337,11 +337,11 @@ class HarmonicBlock(nn.Module):
             joined, tail = self.short_conv(joined, self._conv_rows(state))  # (B, L, W), (B, taps-1, W)
             streams = list(joined.split(self.conv_widths, dim=-1))
         value = F.silu(streams[0]) if self.value_activation == "silu" else streams[0]
-        below = self._repeat_kv(value)  # h_0 = u = act(conv(v)): (B, L, D)
+        u = self._repeat_kv(value)  # h_0 = u = act(conv(v)): (B, L, D)
         if self.state_size == 1:
             maps = None
         elif self.maps_from_value:  # Mamba's layout: B and C read the filtered, activated value stream
-            maps = self._state_maps(self.state_write(below), self.state_read(below))
+            maps = self._state_maps(self.state_write(u), self.state_read(u))
         else:
             maps = self._state_maps(streams[1], streams[2])
         if self.delta:
@@ -349,7 +349,7 @@ class HarmonicBlock(nn.Module):
             if mask is not None:  # padding writes nothing
                 beta = beta * mask.unsqueeze(-1)
             maps = (*maps, beta)
-        level_input = value_stream = below
+        below = level_input = u
         total = None
         finals = []
         for level, gate in enumerate(self.gates):
@@ -363,7 +363,7 @@ class HarmonicBlock(nn.Module):
                 below, level_input = h_low, self.error_norms[level](signal)
         mixed = total.to(x.dtype)  # (B, L, D)
         if self.value_skip is not None:
-            mixed = self.value_skip(mixed, value_stream)
+            mixed = self.value_skip(mixed, u)
         if self.output_gate is not None:
             mixed = mixed * (2.0 * torch.sigmoid(self.output_gate(x)))
         new_state = torch.stack(finals, dim=1)  # (B, levels, D [, N]) fp32

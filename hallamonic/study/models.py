@@ -127,8 +127,10 @@ HARMONIC_VARIANTS = {
     "harmonic-output-gate": {"output_gate": True},
     "harmonic-short-conv": {"short_conv": True},
     "harmonic-diagonal": {"diagonal": True},
-    "harmonic-one-level": {"one_level": True},  # its MLP width is fitted (build_architectures)
+    "harmonic-one-level": {"one_level": True},
 }
+# Variants whose MLP width is fitted to Harmonic's count (the parameters they drop go to the MLP).
+MLP_FITTED_VARIANTS = ("harmonic-one-level",)
 
 
 def _fit(make, candidates: range, target: int) -> tuple[object, int]:
@@ -159,10 +161,11 @@ def build_architectures(
     target = count_parameters(harmonic_config(shape, vocab_size, context))
     archs: dict[str, Architecture] = {}
     for name in names:
-        if name == "harmonic-one-level":  # the two levels' parameters go to the MLP
-            widths = range(8, 4 * shape.intermediate_size + 8)
+        fitted = name not in HARMONIC_VARIANTS or name in MLP_FITTED_VARIANTS
+        if name in MLP_FITTED_VARIANTS:
+            flags, widths = HARMONIC_VARIANTS[name], range(8, 4 * shape.intermediate_size + 8)
             config, params = _fit(
-                lambda w: harmonic_config(replace(shape, intermediate_size=w), vocab_size, context, one_level=True), widths, target
+                lambda w: harmonic_config(replace(shape, intermediate_size=w), vocab_size, context, **flags), widths, target
             )
         elif name in HARMONIC_VARIANTS:  # flags of one model: same count, or an option's own parameters
             config = harmonic_config(shape, vocab_size, context, **HARMONIC_VARIANTS[name])
@@ -175,7 +178,7 @@ def build_architectures(
             config, params = _fit(lambda w: mamba_config(shape, vocab_size, w), widths, target)
         else:
             raise ValueError(f"unknown architecture {name!r}")
-        if (name not in HARMONIC_VARIANTS or name == "harmonic-one-level") and abs(params - target) > shape.param_tolerance * target:
+        if fitted and abs(params - target) > shape.param_tolerance * target:
             raise ParameterMismatch(
                 f"{name}: closest size has {params:,} parameters vs Harmonic's {target:,} "
                 f"({100 * (params / target - 1):+.1f}%, tolerance {100 * shape.param_tolerance:.0f}%); change the model shape"
