@@ -11,9 +11,8 @@
 # 2. The smollm2-135m recipe with the real GGUF teacher at GPU batch sizes, its step counts set so
 #    each phase takes about P1_S / P2_S seconds at the rates measured in 1 (>= 20x the CPU recipe's
 #    420K tokens at the H200 rates expected), then the headline evaluations.
-# FEATURE_MAP (default hedgehog) sets harmonic.feature_map for the SmolLM2 rates and run: Hedgehog
-# features doubled LAMBADA in the layer-20-24 swaps at equal steps but cost ~3x a CPU mixer step, so
-# no full CPU conversion with them fits 60 min; FEATURE_MAP=identity runs the bundled recipe as is.
+# FEATURE_MAP, when set, overrides harmonic.feature_map for the SmolLM2 rates and run (unset: the
+# bundled recipe as is -- identity features, Hedgehog in its hedgehog_layers).
 # The GGUF is ~98 MB and a device call carries <= 64 MiB: send it in two parts to a warm machine
 # (split -b 60M; cat parts > file). Without GGUF, part 2 is skipped. CPU smoke test of the
 # script itself: SMOKE=1 OUT=/tmp/cg bash benchmarks/convert_gpu.sh (tiny recipe, builtin teacher).
@@ -24,7 +23,7 @@ P1_S=${P1_S:-150}
 P2_S=${P2_S:-150}
 P1_BATCH=${P1_BATCH:-16}   # sequences of 512 tokens per phase-1 step
 P2_BATCH=${P2_BATCH:-8}    # sequences of 1,024 tokens per phase-2 step
-FEATURE_MAP=${FEATURE_MAP:-hedgehog}
+FEATURE_MAP=${FEATURE_MAP:-}
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 exec > >(tee "$OUT/convert_gpu.log") 2>&1
@@ -34,9 +33,9 @@ if ls .gpu-wheels/*.whl >/dev/null 2>&1; then $PY -m pip install -q --no-index -
 echo "== $(date -u +%FT%TZ)  $(git rev-parse --short HEAD 2>/dev/null) (+ working tree)"
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 
-GPU_SETS=(--set phase1.batch_size=$P1_BATCH --set phase2.batch_size=$P2_BATCH --set harmonic.feature_map=$FEATURE_MAP)
+GPU_SETS=(--set phase1.batch_size=$P1_BATCH --set phase2.batch_size=$P2_BATCH ${FEATURE_MAP:+--set harmonic.feature_map=$FEATURE_MAP})
 if [ -n "${SMOKE:-}" ]; then  # CPU check of the script: tiny recipe, builtin teacher, a few seconds per phase
-  RECIPE=tiny; GPU_SETS=(--set phase1.seq_len=64 --set phase2.seq_len=64 --set phase1.batch_size=2 --set phase2.batch_size=1 --set harmonic.feature_map=$FEATURE_MAP)
+  RECIPE=tiny; GPU_SETS=(--set phase1.seq_len=64 --set phase2.seq_len=64 --set phase1.batch_size=2 --set phase2.batch_size=1 ${FEATURE_MAP:+--set harmonic.feature_map=$FEATURE_MAP})
   timeout 300 $H bench convert tiny --steps 2 "${GPU_SETS[@]}" --json "$OUT/rates-smollm2.json"
 else
   RECIPE=smollm2-135m
