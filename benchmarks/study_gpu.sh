@@ -6,7 +6,7 @@
 #     OUT=/some/dir DATA=/path/shared/data bash benchmarks/study_gpu.sh     # ~5 minutes on an H200
 #
 # 1. the fused Triton selective scan against its chunked PyTorch twin (outputs, every gradient,
-#    fwd+bwd time) -- the kernel is opt-in in the model until this passes on a GPU;
+#    fwd+bwd time) -- "auto" uses it on CUDA for N <= 32 since it passed on an H200;
 # 2. quality at the protocol: study-enwik8-28m with 1,048,576 training bytes, 8,192 bytes
 #    per optimizer step, at 1K (harmonic, harmonic-one-level, mamba, transformer) and 8K (harmonic,
 #    harmonic-one-level, mamba); results.json carries each run's training bytes/s too;

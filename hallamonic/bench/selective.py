@@ -2,8 +2,9 @@
 twin (outputs, final state, every gradient) and both timed, forward + backward, in one run.
 
 Runs on a bare CUDA machine with torch + triton (no typer, no transformers needed):
-``python -m hallamonic.bench.selective --json OUT.json``. The kernel is opt-in in the model
-(``selective_scan(backend="triton")``) until this check has passed on a GPU.
+``python -m hallamonic.bench.selective --json OUT.json``. Its first H200 run (2026-12-04,
+evals/results/study-enwik8-28m-h200) set where the model's "auto" backend uses the kernel:
+``AUTO_TRITON_MAX_STATE`` in hallamonic_selective_scan.py.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from hallamonic.modeling.hallamonic_selective_scan import (
+    AUTO_TRITON_MAX_STATE,
     CHUNK,
     MAX_DECAY_RATE,
+    auto_backend,
     chunked_selective_scan,
     reference_selective_scan,
     selective_scan,
@@ -106,6 +108,19 @@ def test_steps_continue_a_scan():
             state, y_t = selective_step(*[x[:, t] for x in tensors], state)
             steps.append(y_t.unsqueeze(1))
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_picks_the_fused_kernel_only_where_it_measured_faster():
+    """H200: the fused kernel beat the chunked path at N = 16 and lost at N = 64; without CUDA or
+    Triton "auto" is always the chunked path, and on CPU it gives the chunked path's exact output."""
+    assert auto_backend(True, 16, True) == "triton"
+    assert auto_backend(True, AUTO_TRITON_MAX_STATE, True) == "triton"
+    assert auto_backend(True, 64, True) == "chunked"
+    assert auto_backend(False, 16, True) == "chunked"
+    assert auto_backend(True, 16, False) == "chunked"
+    tensors, h0 = inputs(1, 40, 2, 3, 5, "spread", torch.float32, True)
+    auto, chunked = selective_scan(*tensors, h0), chunked_selective_scan(*tensors, h0)
+    assert all(torch.equal(a, c) for a, c in zip(auto, chunked))
 
 
 def test_bad_inputs_are_clear_errors():
