@@ -8,8 +8,8 @@
 # 1. the fused Triton selective scan against its chunked PyTorch twin (outputs, every gradient,
 #    fwd+bwd time) -- "auto" uses it on CUDA for N <= 32 since it passed on an H200;
 # 2. quality at the protocol: study-enwik8-28m with 1,048,576 training bytes, 8,192 bytes
-#    per optimizer step, at 1K (harmonic, harmonic-one-level, mamba, transformer) and 8K (harmonic,
-#    harmonic-one-level, mamba); results.json carries each run's training bytes/s too;
+#    per optimizer step, harmonic, harmonic-one-level, transformer and mamba at 1K, then at 8K;
+#    results.json carries each run's training bytes/s too;
 # 3. one bf16 training step at 1K, 64K and 128K bytes, harmonic vs transformer: peak memory and
 #    warm-step tokens/s (the memory and speed targets), as the recipe says and with
 #    model.recompute_mixer (each block recomputed in backward).
