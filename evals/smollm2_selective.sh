@@ -39,6 +39,10 @@
 #   since 2026-12-04 phase 2 and the refit train on FineWeb-Edu text (phase2_data.path below; LAMBADA 0.151 vs 0.134 on
 #     1,000 passages, evals/results/smollm2-135m-phase2-sweep/lambada-1000): every run above trained both on
 #     fineweb_train.jsonl; to rerun one add --set phase2_data.path=
+#   one level per block (41.8 min; bits drift past 4K): NAME=converted-one-level bash evals/smollm2_selective.sh \
+#     outputs/smollm2-one-level evals/results/smollm2-135m-hallamonic-one-level --set 'harmonic.timescale_bands=[[1,4096]]'
+#   two levels per block (refit 10x slower, stopped; exported from phase 2, see its README): NAME=converted-two-level \
+#     bash evals/smollm2_selective.sh outputs/smollm2-two-level evals/results/smollm2-135m-hallamonic-two-level --set 'harmonic.timescale_bands=[[1,64],[64,4096]]'
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
