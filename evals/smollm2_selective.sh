@@ -41,7 +41,7 @@
 #     fineweb_train.jsonl; to rerun one add --set phase2_data.path=
 #   one level per block (41.8 min; bits drift past 4K): NAME=converted-one-level bash evals/smollm2_selective.sh \
 #     outputs/smollm2-one-level evals/results/smollm2-135m-hallamonic-one-level --set 'harmonic.timescale_bands=[[1,4096]]'
-#   two levels per block (refit 10x slower, stopped; exported from phase 2, see its README): NAME=converted-two-level \
+#   two levels per block (refit stopped early by mistake; exported from phase 2, see its README): NAME=converted-two-level \
 #     bash evals/smollm2_selective.sh outputs/smollm2-two-level evals/results/smollm2-135m-hallamonic-two-level --set 'harmonic.timescale_bands=[[1,64],[64,4096]]'
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
