@@ -67,17 +67,23 @@ if [[ " $STAGES " == *" run "* ]]; then
   if [ -z "${GGUF:-}" ] && [ -z "${SMOKE:-}" ]; then echo "== GGUF not set: stage run skipped"; echo "== done in ${SECONDS}s"; exit 0; fi
   [ -f "$SCRATCH/rates-smollm2.json" ] || { echo "== no $SCRATCH/rates-smollm2.json: run stage rates first"; exit 2; }
   # each phase's steps from its measured rate and its seconds (phases the recipe skips stay at 0)
-  STEPS=$($PY - "$SCRATCH/rates-smollm2.json" "$P1_S" "$FOCUS_S" "$P2_S" "$REFIT_S" <<'EOF'
+  STEPS=$($PY - "$SCRATCH/rates-smollm2.json" "$RECIPE" "$P1_S" "$FOCUS_S" "$P2_S" "$REFIT_S" <<'EOF'
 import json, sys
+from hallamonic.convert.recipe import load_recipe
 rows = {r["phase"]: r for r in json.load(open(sys.argv[1]))["phases"]}
+cpu = load_recipe(sys.argv[2])  # the bundled recipe as it runs on CPU: the token multiples' reference
+p1, p2, accum = cpu.phase1, cpu.phase2, cpu.train.grad_accum
+cpu_tokens = {"phase1": p1.steps * p1.batch_size * accum * p1.seq_len, "phase1-focus": p1.focus_steps * p1.batch_size * accum * p1.seq_len,
+              "phase2": p2.steps * p2.batch_size * accum * p2.seq_len, "phase2-refit": p2.refit_steps * p1.batch_size * accum * p1.seq_len}
 keys = {"phase1": "phase1.steps", "phase1-focus": "phase1.focus_steps", "phase2": "phase2.steps", "phase2-refit": "phase2.refit_steps"}
-for (phase, key), seconds in zip(keys.items(), sys.argv[2:]):
+for (phase, key), seconds in zip(keys.items(), sys.argv[3:]):
     if phase in rows:
         r = rows[phase]
         steps = max(1, int(float(seconds) * r["tokens_per_s"] / r["tokens_per_step"]))
+        tokens = steps * r["tokens_per_step"]
         print(f"--set {key}={steps}", end=" ")
-        print(f"{phase}: {steps} steps x {r['tokens_per_step']:,} tokens = {steps * r['tokens_per_step']:,} "
-              f"({steps * r['tokens_per_step'] / r['recipe_tokens']:.1f}x the recipe's {r['recipe_tokens']:,})", file=sys.stderr)
+        print(f"{phase}: {steps} steps x {r['tokens_per_step']:,} tokens = {tokens:,} "
+              f"({tokens / cpu_tokens[phase]:.1f}x the CPU recipe's {cpu_tokens[phase]:,})", file=sys.stderr)
 EOF
 )
   read -r -a STEP_SETS <<<"$STEPS"
