@@ -42,7 +42,10 @@
 #   one level per block (41.8 min; bits drift past 4K): NAME=converted-one-level bash evals/smollm2_selective.sh \
 #     outputs/smollm2-one-level evals/results/smollm2-135m-hallamonic-one-level --set 'harmonic.timescale_bands=[[1,4096]]'
 #   two levels per block (refit stopped early by mistake; exported from phase 2, see its README): NAME=converted-two-level \
-#     bash evals/smollm2_selective.sh outputs/smollm2-two-level evals/results/smollm2-135m-hallamonic-two-level --set 'harmonic.timescale_bands=[[1,64],[64,4096]]'
+#     bash evals/smollm2_selective.sh outputs/smollm2-two-level evals/results/smollm2-135m-hallamonic-two-level-norefit --set 'harmonic.timescale_bands=[[1,64],[64,4096]]'
+#   the recipe now (two levels per block, 52.8 min; its --set is now the default): NAME=converted-two-level bash evals/smollm2_selective.sh \
+#     outputs/smollm2-two-level-full evals/results/smollm2-135m-hallamonic-two-level --set 'harmonic.timescale_bands=[[1,64],[64,4096]]'
+#     (every run above had three levels: to rerun one add --set 'harmonic.timescale_bands=[[1,16],[16,256],[256,4096]]')
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
