@@ -13,8 +13,10 @@
 #   step count set from the measured rates so that it takes about P1_S / FOCUS_S / P2_S / REFIT_S
 #   seconds (the token multiple over the CPU recipe is printed), then the headline evaluations
 #   (LAMBADA 300, held-out bits at 1K/4K/16K, passkey 10 trials at 1K/2K/4K).
+# Stage "compile" (not in the default): stage rates' SmolLM2 row again with torch.compile on.
 # STAGES picks stages (default "rates run"); the rates are kept in $SCRATCH, so the two stages can
-# run in separate calls to one warm machine. torch.compile is off on the GPU (its compile time would
+# run in separate calls to one warm machine; RATES=FILE (e.g. the committed
+# evals/results/smollm2-135m-hallamonic-h200/rates-smollm2.json) lets stage run go without them. torch.compile is off on the GPU (its compile time would
 # eat a short window; the CPU recipe's compile: true is for 2-core CPUs). SETS (a string of extra
 # --set KEY=VALUE) applies to the SmolLM2 rates and run, e.g. the block variant being tested.
 # The GGUF is ~98 MB and a device call carries <= 64 MiB: send it in parts to a warm machine
@@ -63,9 +65,17 @@ if [[ " $STAGES " == *" rates "* ]]; then
   cp "$SCRATCH"/rates-*.json "$OUT/" 2>/dev/null
 fi
 
+if [[ " $STAGES " == *" compile "* ]] && [ -z "${SMOKE:-}" ]; then  # the same SmolLM2 rates with torch.compile on (compile time left out)
+  COMPILED=("${GPU_SETS[@]}" --set phase1.compile=true --set phase2.compile=true)
+  stage rates-smollm2-compiled 300 $H bench convert smollm2-135m --teacher-shape smollm2-135m --steps 4 "${COMPILED[@]}" \
+    --json "$SCRATCH/rates-smollm2-compiled.json"
+  cp "$SCRATCH"/rates-smollm2-compiled.json "$OUT/" 2>/dev/null
+fi
+
 if [[ " $STAGES " == *" run "* ]]; then
   if [ -z "${GGUF:-}" ] && [ -z "${SMOKE:-}" ]; then echo "== GGUF not set: stage run skipped"; echo "== done in ${SECONDS}s"; exit 0; fi
-  [ -f "$SCRATCH/rates-smollm2.json" ] || { echo "== no $SCRATCH/rates-smollm2.json: run stage rates first"; exit 2; }
+  if [ -n "${RATES:-}" ]; then cp "$RATES" "$SCRATCH/rates-smollm2.json" || exit 2; fi  # rates measured before (saves the stage)
+  [ -f "$SCRATCH/rates-smollm2.json" ] || { echo "== no $SCRATCH/rates-smollm2.json: run stage rates first, or set RATES"; exit 2; }
   # each phase's steps from its measured rate and its seconds (phases the recipe skips stay at 0)
   STEPS=$($PY - "$SCRATCH/rates-smollm2.json" "$RECIPE" "$P1_S" "$FOCUS_S" "$P2_S" "$REFIT_S" <<'EOF'
 import json, sys
