@@ -38,6 +38,16 @@ def parse_lengths(text: str | None) -> list[int]:
     return lengths
 
 
+def resolve_device(device: str) -> str:
+    """``auto`` is the GPU when there is one: scoring a GPU machine's checkpoint on its CPU by default
+    would be ~100x slower for no reason. Anything else is passed on as given."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def _fail(message: str) -> None:
     typer.echo(f"Error: {message}", err=True)
     raise typer.Exit(2)
@@ -79,7 +89,7 @@ def eval_command(
         str | None,
         typer.Option(help="Row name of MODEL in tables (default: 'teacher' or the folder name)."),
     ] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
+    device: Annotated[str, typer.Option(help="auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")] = "auto",
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "float32",
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads.")] = None,
     allow_pickle: Annotated[bool, typer.Option(help="Allow pickle (pytorch_model.bin) weights.")] = False,
@@ -108,6 +118,8 @@ def eval_command(
         task=task.value, data=str(data) if data else None, limit=limit, lengths=lengths, trials=trials, seed=seed,
         batch_size=batch_size, max_attention_length=max_attention_length, ntk_factor=ntk_factor, progress=progress,
     )  # fmt: skip
+
+    device = resolve_device(device)
 
     def load(spec: str):
         return load_causal_lm(spec, dtype=getattr(torch, dtype), device=device, allow_pickle=allow_pickle)

@@ -72,3 +72,15 @@ def test_context_run_with_baseline_writes_plot(app, checkpoint, tmp_path):
     saved = json.loads((out / "results.json").read_text())
     assert set(saved) == {"teacher", "teacher+ntk"} and set(saved["teacher"]["bits_per_token"]) == {"32", "128"}
     assert (out / "context.png").is_file()
+
+
+def test_device_auto_is_the_gpu_when_there_is_one(monkeypatch):
+    import torch
+
+    from hallamonic.evaluation.cli import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"  # explicit choices stand
