@@ -479,6 +479,8 @@ class HarmonicBlock(nn.Module):
                     target.bias.zero_()
                 else:
                     target.bias.copy_(source.bias)
+        if self.value_skip is not None:  # D = 0: the converted block starts as the linear attention alone
+            self.value_skip.weight.zero_()
 
 
 # --------------------------------------------------------------------------------------------

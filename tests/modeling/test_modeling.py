@@ -314,6 +314,24 @@ def test_init_from_attention_copies_value_and_output_maps():
         block.init_from_attention(wrong)
 
 
+def test_init_from_attention_starts_the_value_skip_at_zero():
+    """A converted block with Mamba's D skip starts as the linear attention alone (D = 0), not with
+    the from-scratch start D = 1."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    attention = LlamaAttention(LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2), 0)
+    plain, skipped = HarmonicBlock(tiny_config(state_size=8)), HarmonicBlock(tiny_config(state_size=8, value_skip=True))
+    assert torch.equal(skipped.value_skip.weight, torch.ones(32))
+    skipped.load_state_dict(plain.state_dict(), strict=False)
+    for block in (plain, skipped):
+        block.init_from_attention(attention)
+    assert torch.equal(skipped.value_skip.weight, torch.zeros(32))
+    x = torch.randn(2, 11, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(skipped(x)[0], plain(x)[0])
+
+
 @pytest.mark.parametrize(
     "bad", [{"hidden_size": 0}, {"num_key_value_heads": 3}, {"timescale_bands": [[0.5, 4.0]]}, {"forward_chunk_size": -1}]
 )

@@ -9,7 +9,8 @@ trains each on its layer's teacher attention I/O (phase 1's normalised MSE, Adam
 and scores LAMBADA (first LIMIT passages of the shared dev file, lm-eval protocol).
 
 Variants: those of `../smollm2-135m-transfer-probe/probe.py` (identity/none, elu/den, hedgehog/den,
-identity/rms), with its block options after a third slash (e.g. identity/none/short_conv_size=4).
+identity/rms), with its block options after a third slash (e.g. identity/none/short_conv_size=4, identity/none/value_skip=true:
+Mamba's D skip, D = 0 at the start). The recipe's delta_layers do not apply: the variant names the rule.
 
 With --into CONVERTED_DIR each variant is also scored in that whole converted model: its own blocks
 everywhere but LAYERS, the fresh ones there (the teacher with every layer swapped, as swap.py's "all").
@@ -160,6 +161,7 @@ def main() -> None:
         start = time.time()
         feature, normalise, harmonic, options = parse_variant(variant, recipe.harmonic)
         config = student_config(teacher, harmonic)
+        config.value_skip = options.get("value_skip") == "true"  # D * u into the output, D = 0 at the start
         blocks, mse = {}, {}
         for i in layers:
             x_all, y_all = train_io[i]
