@@ -14,6 +14,8 @@
   levels' bands, the parameters the other two levels' gates and predictors held going to the MLP
   (its width is fitted to Harmonic's count). The seed's own no-hierarchy ablation keeps three
   levels and only shares their band; this row asks whether stacking levels pays for its parameters.
+  ``harmonic-two-level``: the same span split geometrically into two levels (MLP fitted likewise):
+  the hierarchy the SmolLM2 conversion recipe ships, so the study measures that block too.
 - ``transformer``: transformers' Llama with the same width, depth and heads; its MLP width is fitted
   so the parameter count matches (attention is 4 d^2 per layer, a HarmonicBlock ~3.3 d^2).
 - ``mamba``: transformers' Mamba (its PyTorch path without CUDA kernels), ``mamba_layers`` blocks;
@@ -29,7 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from hallamonic.study.recipe import CONTEXT_BANDS, StudyModelSection, context_bands
+from hallamonic.study.recipe import CONTEXT_BANDS, StudyModelSection, context_bands, split_span
 
 
 class ParameterMismatch(ValueError):
@@ -74,15 +76,16 @@ def _init_scale(shape: StudyModelSection) -> dict:
 
 def harmonic_config(
     shape: StudyModelSection, vocab_size: int, context: int, *, hierarchy: bool = True, error_signal: bool = True,
-    output_gate: bool = False, short_conv: bool = False, diagonal: bool = False, one_level: bool = False,
+    output_gate: bool = False, short_conv: bool = False, diagonal: bool = False, levels: int | None = None,
 ):
     """A Harmonic model of the study's shape for training at ``context`` (which sets the timescale
-    bands when the recipe says ``timescale_bands: context``; nothing else depends on it)."""
+    bands when the recipe says ``timescale_bands: context``; nothing else depends on it). ``levels``
+    re-splits the span of the recipe's bands geometrically into that many levels."""
     from hallamonic.modeling import HallamonicConfig
 
     bands = context_bands(context) if shape.timescale_bands == CONTEXT_BANDS else shape.timescale_bands
-    if one_level:
-        bands = [[min(lo for lo, _ in bands), max(hi for _, hi in bands)]]
+    if levels is not None:
+        bands = split_span(min(lo for lo, _ in bands), max(hi for _, hi in bands), levels)
     return HallamonicConfig(
         vocab_size=vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_heads,
@@ -127,10 +130,11 @@ HARMONIC_VARIANTS = {
     "harmonic-output-gate": {"output_gate": True},
     "harmonic-short-conv": {"short_conv": True},
     "harmonic-diagonal": {"diagonal": True},
-    "harmonic-one-level": {"one_level": True},
+    "harmonic-one-level": {"levels": 1},
+    "harmonic-two-level": {"levels": 2},
 }
 # Variants whose MLP width is fitted to Harmonic's count (the parameters they drop go to the MLP).
-MLP_FITTED_VARIANTS = ("harmonic-one-level",)
+MLP_FITTED_VARIANTS = ("harmonic-one-level", "harmonic-two-level")
 
 
 def _fit(make, candidates: range, target: int) -> tuple[object, int]:

@@ -19,6 +19,7 @@ STUDY_RECIPES_DIR = RECIPES_DIR / "study"
 ARCHITECTURES = (
     "harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states",
     "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal", "harmonic-one-level",
+    "harmonic-two-level",
 )
 # `model.timescale_bands: context`: at every training context C, three levels with edges at C^(1/3)
 # and C^(2/3). Why: at 256, [[1, 6], [6, 40], [40, 256]] beat the fixed [[1, 16], [16, 256],
@@ -27,10 +28,15 @@ ARCHITECTURES = (
 CONTEXT_BANDS = "context"
 
 
+def split_span(lo: float, hi: float, levels: int) -> list[list[float]]:
+    """[lo, hi] cut into ``levels`` timescale bands with geometric edges."""
+    edges = [lo * (hi / lo) ** (level / levels) for level in range(levels + 1)]
+    return [[edges[level], edges[level + 1]] for level in range(levels)]
+
+
 def context_bands(context: int, levels: int = 3) -> list[list[float]]:
     """Timescale bands splitting [1, context] geometrically into ``levels`` bands."""
-    edges = [float(context) ** (level / levels) for level in range(levels + 1)]
-    return [[edges[level], edges[level + 1]] for level in range(levels)]
+    return split_span(1.0, float(context), levels)
 
 
 @dataclass
