@@ -14,7 +14,7 @@ from hallamonic.study.recipe import StudyRecipe
 
 BASELINES = ("transformer", "mamba")
 VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal",
-            "harmonic-one-level", "harmonic-two-level")
+            "harmonic-one-level", "harmonic-two-level", "harmonic-two-level-no-hierarchy")
 
 
 def collect(out: Path, recipe: StudyRecipe) -> dict:
