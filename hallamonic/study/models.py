@@ -16,7 +16,8 @@
   levels and only shares their band; this row asks whether stacking levels pays for its parameters.
   ``harmonic-two-level``: the same span split geometrically into two levels (MLP fitted likewise):
   the hierarchy the SmolLM2 conversion recipe ships, so the study measures that block too;
-  ``harmonic-two-level-no-hierarchy`` is its ablation (both levels on the union band).
+  ``harmonic-two-level-no-hierarchy`` / ``-raw-states`` are its two ablations (both levels on the
+  union band / the second level reading the first's output instead of its prediction error).
 - ``transformer``: transformers' Llama with the same width, depth and heads; its MLP width is fitted
   so the parameter count matches (attention is 4 d^2 per layer, a HarmonicBlock ~3.3 d^2).
 - ``mamba``: transformers' Mamba (its PyTorch path without CUDA kernels), ``mamba_layers`` blocks;
@@ -134,9 +135,10 @@ HARMONIC_VARIANTS = {
     "harmonic-one-level": {"levels": 1},
     "harmonic-two-level": {"levels": 2},
     "harmonic-two-level-no-hierarchy": {"levels": 2, "hierarchy": False},
+    "harmonic-two-level-raw-states": {"levels": 2, "error_signal": False},
 }
 # Variants whose MLP width is fitted to Harmonic's count (the parameters they drop go to the MLP).
-MLP_FITTED_VARIANTS = ("harmonic-one-level", "harmonic-two-level", "harmonic-two-level-no-hierarchy")
+MLP_FITTED_VARIANTS = ("harmonic-one-level", "harmonic-two-level", "harmonic-two-level-no-hierarchy", "harmonic-two-level-raw-states")
 
 
 def _fit(make, candidates: range, target: int) -> tuple[object, int]:

@@ -19,7 +19,7 @@ STUDY_RECIPES_DIR = RECIPES_DIR / "study"
 ARCHITECTURES = (
     "harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states",
     "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal", "harmonic-one-level",
-    "harmonic-two-level", "harmonic-two-level-no-hierarchy",
+    "harmonic-two-level", "harmonic-two-level-no-hierarchy", "harmonic-two-level-raw-states",
 )
 # `model.timescale_bands: context`: at every training context C, three levels with edges at C^(1/3)
 # and C^(2/3). Why: at 256, [[1, 6], [6, 40], [40, 256]] beat the fixed [[1, 16], [16, 256],

@@ -14,7 +14,8 @@ from hallamonic.study.recipe import StudyRecipe
 
 BASELINES = ("transformer", "mamba")
 VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal",
-            "harmonic-one-level", "harmonic-two-level", "harmonic-two-level-no-hierarchy")
+            "harmonic-one-level", "harmonic-two-level", "harmonic-two-level-no-hierarchy",
+            "harmonic-two-level-raw-states")
 
 
 def collect(out: Path, recipe: StudyRecipe) -> dict:

@@ -106,8 +106,10 @@ def test_one_level_spans_every_band_and_spends_the_saved_parameters_on_the_mlp()
 def test_two_level_splits_the_span_geometrically_with_the_mlp_fitted():
     shape = StudyModelSection(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=96, state_size=8,
                               timescale_bands="context", param_tolerance=0.02)
-    archs = build_architectures(shape, 256, ["harmonic", "harmonic-two-level", "harmonic-two-level-no-hierarchy"], 256)
-    two, full, shared = archs["harmonic-two-level"], archs["harmonic"], archs["harmonic-two-level-no-hierarchy"]
+    names = ["harmonic", "harmonic-two-level", "harmonic-two-level-no-hierarchy", "harmonic-two-level-raw-states"]
+    archs = build_architectures(shape, 256, names, 256)
+    two, full, shared, raw = (archs[name] for name in ("harmonic-two-level", "harmonic", names[2], names[3]))
+    assert two.config.error_signal and not raw.config.error_signal and raw.params == two.params
     assert two.config.timescale_bands == [[1.0, 16.0], [16.0, 256.0]]  # edges 1, sqrt(256), 256
     assert two.config.hierarchy and not shared.config.hierarchy  # the ablation: both levels on [1, 256]
     assert shared.config.timescale_bands == two.config.timescale_bands and shared.params == two.params
