@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hallamonic.study.recipe import StudyRecipe
+from hallamonic.study.recipe import ARCHITECTURES, StudyRecipe
 
 BASELINES = ("transformer", "mamba")
-VARIANTS = ("harmonic-no-hierarchy", "harmonic-raw-states", "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal",
-            "harmonic-one-level", "harmonic-two-level", "harmonic-two-level-no-hierarchy",
-            "harmonic-two-level-raw-states")
+VARIANTS = tuple(name for name in ARCHITECTURES if name.startswith("harmonic-"))  # rows set against `harmonic`
 
 
 def collect(out: Path, recipe: StudyRecipe) -> dict:
