@@ -48,16 +48,19 @@ def export(student, tokenizer, teacher, out: Path, recipe: Recipe, report: dict)
 
 def block_description(config) -> str:
     """One phrase for the card: what each HarmonicBlock keeps, read from the exported config."""
-    levels = len(config.timescale_bands)
+    counts = [len(config.layer_timescale_bands(i)) for i in range(config.num_hidden_layers)]
+    usual = max(set(counts), key=counts.count)
+    others = {n: [i for i, c in enumerate(counts) if c == n] for n in sorted(set(counts)) if n != usual}
+    levels = f"{usual}-level" + "".join(f" ({n}-level in layer(s) {', '.join(map(str, layers))})" for n, layers in others.items())
     if config.state_size == 1:
-        return f"{levels}-level hierarchical state-space mixer with a diagonal state (one number per channel per level)"
+        return f"{levels} hierarchical state-space mixer with a diagonal state (one number per channel per level)"
     every = range(config.num_hidden_layers)
     hedgehog = [i for i in every if config.layer_feature_map(i) == "hedgehog"]
     delta = [i for i in every if config.layer_update_rule(i) == "delta"]
     maps = _layer_phrase("q.k linear attention", "Hedgehog feature maps, normalised read-out", hedgehog, len(every))
     writes = _layer_phrase("additive writes", "the gated delta rule (each write replaces what its key held)", delta, len(every))
     return (
-        f"{levels}-level hierarchical state-space mixer with an expanded, selective state: {config.state_size} "
+        f"{levels} hierarchical state-space mixer with an expanded, selective state: {config.state_size} "
         f"numbers per channel per level, written through per-head keys and read through per-head queries ({maps}; {writes})"
     )
 

@@ -215,6 +215,7 @@ def convert(
         ("phase2.refit_layers", recipe.phase2.refit_layers, recipe.phase2.refit_steps > 0),
         ("harmonic.hedgehog_layers", recipe.harmonic.hedgehog_layers, bool(recipe.harmonic.hedgehog_layers)),
         ("harmonic.delta_layers", recipe.harmonic.delta_layers, bool(recipe.harmonic.delta_layers)),
+        ("harmonic.recall_layers", recipe.harmonic.recall_layers, bool(recipe.harmonic.recall_layers)),
     )
     for key, layers, used in layer_lists:
         if used:

@@ -39,6 +39,8 @@ class BaseSection:
 @dataclass
 class HarmonicSection:
     timescale_bands: list = field(default_factory=lambda: [[1.0, 16.0], [16.0, 256.0], [256.0, 4096.0]])
+    recall_layers: list = field(default_factory=list)  # layers whose blocks take recall_timescale_bands instead
+    recall_timescale_bands: list | None = None  # their levels' bands (null = timescale_bands): more levels where recall lives
     hierarchy: bool = True
     error_signal: bool = True
     gate_rank: int | None = None
@@ -191,7 +193,7 @@ def _validate(recipe: Recipe) -> None:
     for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
         if flat[key] not in (None, "float32", "bfloat16"):
             raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")
-    for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers", "harmonic.delta_layers"):
+    for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers", "harmonic.delta_layers", "harmonic.recall_layers"):
         if not _layer_indices(flat[key]):
             raise RecipeError(f"recipe key `{key}` must list layer indices >= 0, got {flat[key]!r}")
     for key in ("phase1.lr", "phase2.lr"):
@@ -215,9 +217,14 @@ def _validate(recipe: Recipe) -> None:
     for what, asked in needs_expanded_state:
         if asked and state_size == 1:
             raise RecipeError(f"recipe key `{what}` needs the expanded state (`harmonic.state_size` null or > 1)")
-    bands = recipe.harmonic.timescale_bands
-    if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
-        raise RecipeError(f"recipe key `harmonic.timescale_bands` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")
+    for key in ("harmonic.timescale_bands", "harmonic.recall_timescale_bands"):
+        bands = flat[key]
+        if key.endswith("recall_timescale_bands") and bands is None:
+            continue
+        if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
+            raise RecipeError(f"recipe key `{key}` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")
+    if recipe.harmonic.recall_layers and recipe.harmonic.recall_timescale_bands is None:
+        raise RecipeError("recipe key `harmonic.recall_layers` needs `harmonic.recall_timescale_bands`: the bands those layers take")
     lengths = recipe.eval.context_lengths
     if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
         raise RecipeError(f"recipe key `eval.context_lengths` must be positive integers, got {lengths!r}")

@@ -51,7 +51,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         mlp_bias=bool(getattr(tc, "mlp_bias", False)),
         value_bias=True if qwen2 else attention_bias,
         output_bias=False if qwen2 else attention_bias,
-        timescale_bands=harmonic.timescale_bands,
+        timescale_bands=_layer_bands(harmonic, tc.num_hidden_layers),
         hierarchy=harmonic.hierarchy,
         error_signal=harmonic.error_signal,
         gate_rank=harmonic.gate_rank,
@@ -70,6 +70,15 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         base_model_name_or_path=base_spec,
         teacher_max_position_embeddings=getattr(tc, "max_position_embeddings", None),
     )
+
+
+def _layer_bands(harmonic: HarmonicSection, layers: int) -> list:
+    """``timescale_bands`` for every layer, or one band list per layer with the recall bands in the
+    recall layers (more levels where the teacher recalls: SmolLM2's layers 20-24 fit their attention
+    better with three levels than two, evals/results/smollm2-135m-layer-swap/recall_probe.jsonl)."""
+    if not harmonic.recall_layers:
+        return harmonic.timescale_bands
+    return [harmonic.recall_timescale_bands if i in harmonic.recall_layers else harmonic.timescale_bands for i in range(layers)]
 
 
 def _per_layer(default: str, layers: int, special: str, chosen: list[int]) -> str | list[str]:

@@ -23,7 +23,9 @@ class HallamonicConfig(PreTrainedConfig):
             value stream is ``v_proj`` (``num_key_value_heads * head_dim`` wide) with its GQA heads
             repeated to ``num_attention_heads * head_dim`` channels -- the HarmonicBlock's state width.
         timescale_bands: per level ``[tau_min, tau_max]`` in tokens; each level's channels start with
-            time constants tau = -1/log(a) spread log-uniformly over its band (fast -> slow).
+            time constants tau = -1/log(a) spread log-uniformly over its band (fast -> slow). A list
+            with one such band list per layer sets each layer's levels (``layer_timescale_bands``):
+            layers that must recall over long spans can keep more levels than the rest.
         hierarchy: ``False`` is the "no hierarchy" ablation: every level gets the union band
             ``[min tau_min, max tau_max]`` instead of its own.
         error_signal: ``False`` is the "raw states" ablation: level l+1 reads h_l instead of the
@@ -142,7 +144,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.mlp_bias = mlp_bias
         self.value_bias = value_bias
         self.output_bias = output_bias
-        self.timescale_bands = [[float(lo), float(hi)] for lo, hi in timescale_bands]
+        self.timescale_bands = _bands(timescale_bands)
         self.hierarchy = hierarchy
         self.error_signal = error_signal
         default_rank = max(1, hidden_size // 8)
@@ -188,13 +190,22 @@ class HallamonicConfig(PreTrainedConfig):
         return self.num_attention_heads * self.head_dim
 
     @property
-    def level_bands(self) -> list[list[float]]:
-        """The timescale band each level is initialised in (all equal when hierarchy is off)."""
+    def per_layer_bands(self) -> bool:
+        """Whether ``timescale_bands`` holds one band list per layer rather than one for all."""
+        return _is_per_layer(self.timescale_bands)
+
+    def layer_timescale_bands(self, layer_idx: int) -> list[list[float]]:
+        """One layer's bands, one [tau_min, tau_max] per level: ``timescale_bands`` or its entry."""
+        return self.timescale_bands[layer_idx] if self.per_layer_bands else self.timescale_bands
+
+    def layer_level_bands(self, layer_idx: int) -> list[list[float]]:
+        """The band each of one layer's levels is initialised in (all equal when hierarchy is off)."""
+        bands = self.layer_timescale_bands(layer_idx)
         if self.hierarchy:
-            return self.timescale_bands
-        lo = min(band[0] for band in self.timescale_bands)
-        hi = max(band[1] for band in self.timescale_bands)
-        return [[lo, hi] for _ in self.timescale_bands]
+            return bands
+        lo = min(band[0] for band in bands)
+        hi = max(band[1] for band in bands)
+        return [[lo, hi] for _ in bands]
 
     def _validate_hallamonic(self) -> None:
         def positive_int(name: str) -> None:
@@ -235,15 +246,38 @@ class HallamonicConfig(PreTrainedConfig):
                     raise ValueError(f"HallamonicConfig: `{name}` {entry!r} needs the expanded state (`state_size` > 1)")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
-        if len(self.timescale_bands) < 1:
-            raise ValueError("HallamonicConfig: `timescale_bands` needs at least one [tau_min, tau_max] band")
-        for i, (lo, hi) in enumerate(self.timescale_bands):
-            if not (1.0 <= lo <= hi) or hi != hi or hi == float("inf"):
-                raise ValueError(
-                    f"HallamonicConfig: timescale band {i} must satisfy 1 <= tau_min <= tau_max < inf, got [{lo}, {hi}]"
-                )
+        if self.per_layer_bands and len(self.timescale_bands) != self.num_hidden_layers:
+            raise ValueError(
+                f"HallamonicConfig: a per-layer `timescale_bands` needs one band list per layer ({self.num_hidden_layers}), "
+                f"got {len(self.timescale_bands)}"
+            )
+        for layer_bands in self.timescale_bands if self.per_layer_bands else [self.timescale_bands]:
+            if len(layer_bands) < 1:
+                raise ValueError("HallamonicConfig: `timescale_bands` needs at least one [tau_min, tau_max] band per layer")
+            for i, (lo, hi) in enumerate(layer_bands):
+                if not (1.0 <= lo <= hi) or hi != hi or hi == float("inf"):
+                    raise ValueError(
+                        f"HallamonicConfig: timescale band {i} must satisfy 1 <= tau_min <= tau_max < inf, got [{lo}, {hi}]"
+                    )
         if not (isinstance(self.rms_norm_eps, float) and self.rms_norm_eps > 0):
             raise ValueError(f"HallamonicConfig: `rms_norm_eps` must be a positive float, got {self.rms_norm_eps!r}")
+
+
+def _is_per_layer(bands) -> bool:
+    """A per-layer band list nests one level deeper: its entries are lists of [lo, hi] pairs."""
+    return len(bands) > 0 and isinstance(bands[0], (list, tuple)) and len(bands[0]) > 0 and isinstance(bands[0][0], (list, tuple))
+
+
+def _bands(bands) -> list:
+    """Bands as floats, keeping their shape: [[lo, hi], ...] or, per layer, [[[lo, hi], ...], ...]."""
+    def one(layer_bands) -> list[list[float]]:
+        if not all(isinstance(band, (list, tuple)) and len(band) == 2 for band in layer_bands):
+            raise ValueError(f"HallamonicConfig: `timescale_bands` must hold [tau_min, tau_max] pairs, got {layer_bands!r}")
+        return [[float(lo), float(hi)] for lo, hi in layer_bands]
+
+    if not isinstance(bands, (list, tuple)):
+        raise ValueError(f"HallamonicConfig: `timescale_bands` must be a list of [tau_min, tau_max] pairs, got {bands!r}")
+    return [one(layer_bands) for layer_bands in bands] if _is_per_layer(bands) else one(bands)
 
 
 def _entry(value: str | list[str], layer_idx: int) -> str:

@@ -245,7 +245,8 @@ class HarmonicBlock(nn.Module):
     def __init__(self, config: HallamonicConfig, layer_idx: int = 0):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_levels = len(config.level_bands)
+        level_bands = config.layer_level_bands(layer_idx)
+        self.num_levels = len(level_bands)
         self.error_signal = config.error_signal
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -255,7 +256,7 @@ class HarmonicBlock(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * config.head_dim, bias=config.value_bias)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=config.output_bias)
         self.gates = nn.ModuleList(
-            DecayGate(width, config.gate_rank, band, config.head_dim) for band in config.level_bands
+            DecayGate(width, config.gate_rank, band, config.head_dim) for band in level_bands
         )
         self.predictors = nn.ModuleList(  # P_l maps h_l to a prediction of h_{l-1}
             LowRank(width, config.predictor_rank, width) for _ in range(self.num_levels - 1)

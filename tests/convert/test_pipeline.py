@@ -413,6 +413,10 @@ def test_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path
     with pytest.raises(ValueError, match=r"`harmonic.hedgehog_layers`: the model has layers 0-1, got \[3\]"):
         convert(recipe, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    recipe = load_recipe("tiny", FAST + ["harmonic.recall_layers=[2]", "harmonic.recall_timescale_bands=[[1, 4096]]"])
+    with pytest.raises(ValueError, match=r"`harmonic.recall_layers`: the model has layers 0-1, got \[2\]"):
+        convert(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_focus_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):

@@ -145,6 +145,21 @@ def test_delta_layers_give_those_blocks_the_delta_rule_and_the_rest_the_recipes_
     assert build_student(teacher, HarmonicSection()).config.update_rule == "sum"  # no list unless asked
 
 
+def test_recall_layers_get_the_recall_bands_and_the_rest_the_recipes_bands():
+    teacher = build_tiny_llama(300, tie_word_embeddings=False)
+    three = [[1.0, 16.0], [16.0, 256.0], [256.0, 4096.0]]
+    student = build_student(teacher, HarmonicSection(timescale_bands=[[1.0, 64.0], [64.0, 4096.0]], recall_layers=[1],
+                                                     recall_timescale_bands=three))
+    assert student.config.timescale_bands == [[[1.0, 64.0], [64.0, 4096.0]], three]
+    first, second = (layer.mixer for layer in student.model.layers)
+    assert (first.num_levels, second.num_levels) == (2, 3)
+    assert torch.equal(second.state_read.weight, teacher.model.layers[1].self_attn.q_proj.weight)
+    ids = torch.randint(0, 300, (2, 19))
+    assert torch.isfinite(student(ids).logits).all()
+    plain = build_student(teacher, HarmonicSection(timescale_bands=[[1.0, 64.0], [64.0, 4096.0]]))
+    assert plain.config.timescale_bands == [[1.0, 64.0], [64.0, 4096.0]]  # no per-layer list unless asked
+
+
 def test_delta_rule_blocks_start_from_the_teachers_queries_and_keys_with_half_strength_writes():
     teacher = build_tiny_llama(300, tie_word_embeddings=False)
     student = build_student(teacher, HarmonicSection(update_rule="delta", hedgehog_layers=[1]))

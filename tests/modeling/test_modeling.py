@@ -48,10 +48,11 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
         (0, 1, "identity"), (4, 1, "identity"), (0, 8, "identity"), (4, 8, "identity"), (0, 8, "hedgehog"),
         (4, 8, "hedgehog"), (4, 8, ["hedgehog", "identity"]), (0, 8, "identity", "delta"), (4, 8, ["hedgehog", "identity"], "delta"),
         (4, 8, "identity", ["delta", "sum"]), (4, 8, "identity", "sum", MAMBA_VALUE_PATH),
+        (4, 8, "identity", ["delta", "sum"], {"timescale_bands": [[[1, 16], [16, 256], [256, 4096]], [[1, 64], [64, 4096]]]}),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
-        "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path",
+        "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path", "per-layer-levels",
     ],
 )
 def model(request) -> HallamonicForCausalLM:
@@ -61,7 +62,8 @@ def model(request) -> HallamonicForCausalLM:
     layers differ (Hedgehog in one, identity in the other: states of two shapes in one cache), and
     the delta rule's levels (alone, in a layer beside a Hedgehog one that keeps the sum, and chosen
     per layer beside a summing one), and Mamba's value path (write/read vectors from the activated,
-    filtered value stream, with its D skip; only v then goes through the conv)."""
+    filtered value stream, with its D skip; only v then goes through the conv), and layers with
+    different numbers of levels (three, then two: states of two level counts in one cache)."""
     short_conv_size, state_size, feature_map, *rest = request.param
     return stateful_model(
         short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map,
@@ -165,10 +167,11 @@ def test_cache_size_is_constant_in_generated_length(model):
         return sum(t.numel() * t.element_size() for layer in cache.layers for t in layer.recurrent_states.values() if t is not None)
 
     short, long = cache_bytes(10), cache_bytes(2000)
-    rows = 3 + max(model.config.short_conv_size - 1, 0)  # levels (+ the conv's carried inputs)
-    # per layer: rows * channels (4 heads x 8) * N * fp32 bytes, x4 with Hedgehog (2x rows for numerator and denominator, 2N features)
+    taps = max(model.config.short_conv_size - 1, 0)  # rows after the levels: the conv's carried inputs
+    # per layer: (levels + taps) rows * channels (4 heads x 8) * N * fp32 bytes, x4 with Hedgehog (2x rows for numerator and denominator, 2N features)
     expected = sum(
-        rows * 32 * model.config.state_size * 4 * (4 if model.config.layer_feature_map(i) == "hedgehog" else 1) for i in range(2)
+        (len(model.config.layer_timescale_bands(i)) + taps) * 32 * model.config.state_size * 4
+        * (4 if model.config.layer_feature_map(i) == "hedgehog" else 1) for i in range(2)
     )
     assert short == long == expected
 
@@ -230,12 +233,42 @@ def test_ablation_flags_change_the_computation(flag):
 def test_timescales_spread_over_each_levels_band():
     config = tiny_config()
     block = HallamonicForCausalLM(config).model.layers[0].mixer
-    for gate, (lo, hi) in zip(block.gates, config.level_bands):
+    for gate, (lo, hi) in zip(block.gates, config.layer_level_bands(0), strict=True):
         tau = -1.0 / (-torch.nn.functional.softplus(gate.up.bias.double()))  # tau = -1/log a
         assert tau.min().item() == pytest.approx(lo, rel=1e-3)
         assert tau.max().item() == pytest.approx(hi, rel=1e-3)
     flat = HallamonicConfig(**{**tiny_config().to_dict(), "hierarchy": False})
-    assert all(band == [1.0, 4096.0] for band in flat.level_bands)
+    assert all(band == [1.0, 4096.0] for band in flat.layer_level_bands(1))
+
+
+def test_per_layer_bands_give_each_layer_its_own_levels_and_survive_a_save(tmp_path):
+    """``timescale_bands`` with one band list per layer: each block gets that layer's number of
+    levels (gates, predictors, norms) with its own timescales, and the config round-trips."""
+    bands = [[[1, 16], [16, 256], [256, 4096]], [[2, 64], [64, 1024]]]
+    model = HallamonicForCausalLM(tiny_config(timescale_bands=bands))
+    first, second = (layer.mixer for layer in model.model.layers)
+    assert (first.num_levels, len(first.predictors), len(first.error_norms)) == (3, 2, 2)
+    assert (second.num_levels, len(second.predictors), len(second.error_norms)) == (2, 1, 1)
+    tau = -1.0 / (-torch.nn.functional.softplus(second.gates[0].up.bias.double()))
+    assert (tau.min().item(), tau.max().item()) == pytest.approx((2.0, 64.0), rel=1e-3)
+    model.save_pretrained(tmp_path)
+    loaded = HallamonicForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.timescale_bands == [[[float(lo), float(hi)] for lo, hi in layer] for layer in bands]
+    assert loaded.model.layers[1].mixer.num_levels == 2
+
+
+@pytest.mark.parametrize(
+    "bands, message",
+    [
+        ([[[1, 16]], [[1, 16]], [[1, 16]]], "one band list per layer"),
+        ([[[1, 16]], []], "at least one"),
+        ([[[1, 16]], [[0.5, 16]]], "1 <= tau_min"),
+        ([[1, 16, 64]], "pairs"),
+    ],
+)
+def test_bad_per_layer_bands_are_rejected(bands, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(timescale_bands=bands)
 
 
 @pytest.mark.parametrize("part", ["decay-gate", "hedgehog-map"])

@@ -300,7 +300,7 @@ if os.environ.get("KEY_DECAY"):  # GLA's layout: decay per (head, state) from a 
             return -torch.nn.functional.softplus(self.up(self.down(u.float())))
     def init_key(self, config):
         out = config.num_attention_heads * config.state_size
-        self.key_gates = torch.nn.ModuleList(KeyGate(config.state_width, config.gate_rank, out, band, config.state_size) for band in config.level_bands)
+        self.key_gates = torch.nn.ModuleList(KeyGate(config.state_width, config.gate_rank, out, band, config.state_size) for band in config.layer_level_bands(0))
     _block_extra(init_key)
     def key_level(self, log_a, level_input, maps, state, mask):
         index = self._lvl - 1
@@ -341,8 +341,8 @@ if os.environ.get("MINI"):  # diagnostic: a compact Mamba mixer in the Llama lay
             # dtinit: auto (bands with levels > 1, else mamba), mamba (every level 1/dt in [10, 1000]), bands (the config's
             # level bands), union (every level over [min, max] of the bands)
             init = opts["dtinit"] if opts["dtinit"] != "auto" else ("bands" if self.levels > 1 else "mamba")
-            union = [min(lo for lo, _ in config.level_bands), max(hi for _, hi in config.level_bands)]
-            self.bands = {"mamba": None, "bands": config.level_bands, "union": [union] * self.levels}[init]
+            union = [min(lo for lo, _ in config.layer_level_bands(0)), max(hi for _, hi in config.layer_level_bands(0))]
+            self.bands = {"mamba": None, "bands": config.layer_level_bands(0), "union": [union] * self.levels}[init]
             self.in_proj = torch.nn.Linear(w, self.inner * (2 if opts["z"] else 1), bias=False)
             self.conv = torch.nn.Conv1d(self.inner, self.inner, 4, groups=self.inner, padding=3) if opts["conv"] else None
             self.x_proj = torch.nn.Linear(self.inner, self.rank + 2 * n * self.heads, bias=False)
