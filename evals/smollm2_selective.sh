@@ -46,6 +46,10 @@
 #   the recipe now (two levels per block, 52.8 min; its --set is now the default): NAME=converted-two-level bash evals/smollm2_selective.sh \
 #     outputs/smollm2-two-level-full evals/results/smollm2-135m-hallamonic-two-level --set 'harmonic.timescale_bands=[[1,64],[64,4096]]'
 #     (every run above had three levels: to rerun one add --set 'harmonic.timescale_bands=[[1,16],[16,256],[256,4096]]')
+#   the recipe now (three levels in the recall layers 20-24, two elsewhere; 52.8 min; its --sets are now the defaults):
+#     NAME=converted-mixed-levels bash evals/smollm2_selective.sh outputs/smollm2-mixed-levels evals/results/smollm2-135m-hallamonic-mixed-levels \
+#       --set 'harmonic.recall_layers=[20,21,22,23,24]' --set 'harmonic.recall_timescale_bands=[[1,16],[16,256],[256,4096]]'
+#     (every run above had the same levels in every layer: to rerun one add --set 'harmonic.recall_layers=[]')
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
