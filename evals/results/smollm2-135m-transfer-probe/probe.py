@@ -204,8 +204,10 @@ def parse_variant(variant: str, harmonic):
     feature, normalise, *extra = variant.split("/")
     overrides = dict(e.split("=") for e in extra)
     casts = {"hierarchy": lambda v: v == "true", "error_signal": lambda v: v == "true", "short_conv_size": int, "timescale_bands": json.loads}
-    # delta_layers cleared: the variant's own `normalise` says the rule (the probe's _level handles sum only)
-    harmonic = type(harmonic)(**{**harmonic.__dict__, "delta_layers": [], **{k: casts[k](v) for k, v in overrides.items() if k in casts}})
+    # delta_layers cleared: the variant's own `normalise` says the rule (the probe's _level handles sum only);
+    # recall_layers cleared: every probed layer takes `timescale_bands` (the recipe's, or the variant's)
+    harmonic = type(harmonic)(**{**harmonic.__dict__, "delta_layers": [], "recall_layers": [],
+                                 **{k: casts[k](v) for k, v in overrides.items() if k in casts}})
     return feature, normalise, harmonic, overrides
 
 
