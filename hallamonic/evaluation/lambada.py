@@ -71,24 +71,51 @@ def evaluate_lambada(
 ) -> dict:
     """Accuracy and perplexity over `texts`; passages the model cannot take are skipped."""
     pairs = [encode_pair(tokenizer, *split_passage(t)) for t in texts]
-    runnable = [p for p in pairs if run_guard(model, len(p[0]) + len(p[1]), max_attention_length) is None]
-    order = sorted(range(len(runnable)), key=lambda i: len(runnable[i][0]) + len(runnable[i][1]))
-    nlls, hits = [], []
+    runnable = [i for i, p in enumerate(pairs) if run_guard(model, len(p[0]) + len(p[1]), max_attention_length) is None]
+    order = sorted(runnable, key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))  # similar lengths batch together
+    correct: list[bool | None] = [None] * len(pairs)  # per passage, in input order (None = skipped)
+    nlls = []
     bar = tqdm(total=len(order), desc="lambada", unit="passage", disable=not progress)
     for lo in range(0, len(order), batch_size):
-        chunk = [runnable[i] for i in order[lo : lo + batch_size]]
-        for nll, hit in score_batch(model, chunk):
+        indices = order[lo : lo + batch_size]
+        for i, (nll, hit) in zip(indices, score_batch(model, [pairs[i] for i in indices])):
             nlls.append(nll)
-            hits.append(hit)
-        bar.update(len(chunk))
+            correct[i] = hit
+        bar.update(len(indices))
     bar.close()
     n = len(nlls)
     result = {
         "task": "lambada",
-        "accuracy": sum(hits) / n if n else float("nan"),
+        "accuracy": sum(hit for hit in correct if hit) / n if n else float("nan"),
         "perplexity": math.exp(sum(nlls) / n) if n else float("nan"),
         "n": n,
+        # per passage: why -- two models scored on the same passages compare paired (McNemar), which
+        # resolves a difference several times smaller than two independent accuracies' errors do
+        "correct": correct,
     }
     if len(pairs) > n:
         result["skipped"] = len(pairs) - n
     return result
+
+
+def paired_comparison(correct_a: list[bool | None], correct_b: list[bool | None]) -> dict:
+    """McNemar's exact test of two LAMBADA runs on the same passages (their ``correct`` lists).
+
+    Why paired: both models see the same passages, so only the passages one gets and the other
+    misses carry evidence of a difference; their split is Binomial(discordant, 1/2) when the models
+    are equally good. Passages either run skipped are left out.
+    """
+    if len(correct_a) != len(correct_b):
+        raise ValueError(f"the runs scored different passage lists ({len(correct_a)} vs {len(correct_b)} passages)")
+    pairs = [(a, b) for a, b in zip(correct_a, correct_b) if a is not None and b is not None]
+    only_a = sum(a and not b for a, b in pairs)
+    only_b = sum(b and not a for a, b in pairs)
+    discordant, low = only_a + only_b, min(only_a, only_b)
+    tail = sum(math.comb(discordant, k) for k in range(low + 1)) / 2**discordant  # P(X <= low), X ~ Bin(d, 1/2)
+    return {
+        "n": len(pairs),
+        "both": sum(a and b for a, b in pairs),
+        "only_a": only_a,
+        "only_b": only_b,
+        "p_value": min(1.0, 2 * tail),  # two-sided
+    }

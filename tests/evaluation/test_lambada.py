@@ -8,7 +8,9 @@ import math
 import torch
 
 from evaltiny import build_llama
-from hallamonic.evaluation.lambada import encode_pair, evaluate_lambada, split_passage
+import pytest
+
+from hallamonic.evaluation.lambada import encode_pair, evaluate_lambada, paired_comparison, split_passage
 
 
 def test_split_passage_uses_single_spaces_like_the_harness():
@@ -55,6 +57,7 @@ def test_batched_scores_match_an_independent_per_passage_computation(tokenizer, 
         hits.append(bool((rows.argmax(-1) == target).all()))
     result = evaluate_lambada(llama, tokenizer, texts, batch_size=3, progress=False)
     assert result["accuracy"] == sum(hits) / len(hits)
+    assert result["correct"] == hits  # per passage, in the input order (scoring runs sorted by length)
     assert math.isclose(result["perplexity"], math.exp(sum(nlls) / len(nlls)), rel_tol=1e-4)
 
 
@@ -65,3 +68,15 @@ def test_passages_past_a_position_table_are_skipped_not_crashed(tokenizer):
     texts = ["a b", "a much longer passage that cannot fit into eight positions at all"]
     result = evaluate_lambada(model, tokenizer, texts, progress=False)
     assert result["n"] == 1 and result["skipped"] == 1
+    assert result["correct"][1] is None and isinstance(result["correct"][0], bool)
+
+
+def test_paired_comparison_counts_discordant_passages_and_gives_mcnemars_exact_p():
+    a = [True] * 10 + [False] * 2 + [True] * 5 + [None]
+    b = [False] * 10 + [True] * 2 + [True] * 5 + [True]
+    result = paired_comparison(a, b)
+    assert (result["n"], result["both"], result["only_a"], result["only_b"]) == (17, 5, 10, 2)
+    assert result["p_value"] == pytest.approx(2 * (1 + 12 + 66) / 4096)  # 2 P(X <= 2), X ~ Bin(12, 1/2)
+    assert paired_comparison([True, False], [True, False])["p_value"] == 1.0  # no discordant passage
+    with pytest.raises(ValueError, match="different passage lists"):
+        paired_comparison([True], [True, False])
