@@ -217,9 +217,9 @@ def _validate(recipe: Recipe) -> None:
     for what, asked in needs_expanded_state:
         if asked and state_size == 1:
             raise RecipeError(f"recipe key `{what}` needs the expanded state (`harmonic.state_size` null or > 1)")
-    for key in ("harmonic.timescale_bands", "harmonic.recall_timescale_bands"):
+    for key, optional in (("harmonic.timescale_bands", False), ("harmonic.recall_timescale_bands", True)):
         bands = flat[key]
-        if key.endswith("recall_timescale_bands") and bands is None:
+        if optional and bands is None:
             continue
         if not bands or not all(isinstance(b, list) and len(b) == 2 and 1 <= b[0] <= b[1] for b in bands):
             raise RecipeError(f"recipe key `{key}` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")

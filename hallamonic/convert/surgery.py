@@ -9,11 +9,15 @@ block starts as a decayed linear attention over the teacher's own queries, keys 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
 
 from hallamonic.convert.recipe import HarmonicSection
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
+
+T = TypeVar("T")  # a per-layer setting's value: a feature map or rule name, a band list
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -51,7 +55,9 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         mlp_bias=bool(getattr(tc, "mlp_bias", False)),
         value_bias=True if qwen2 else attention_bias,
         output_bias=False if qwen2 else attention_bias,
-        timescale_bands=_layer_bands(harmonic, tc.num_hidden_layers),
+        # more levels where the teacher recalls: SmolLM2's layers 20-24 fit their attention better with
+        # three levels than two (evals/results/smollm2-135m-layer-swap/recall_probe.jsonl)
+        timescale_bands=_per_layer(harmonic.timescale_bands, tc.num_hidden_layers, harmonic.recall_timescale_bands, harmonic.recall_layers),
         hierarchy=harmonic.hierarchy,
         error_signal=harmonic.error_signal,
         gate_rank=harmonic.gate_rank,
@@ -72,16 +78,7 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
     )
 
 
-def _layer_bands(harmonic: HarmonicSection, layers: int) -> list:
-    """``timescale_bands`` for every layer, or one band list per layer with the recall bands in the
-    recall layers (more levels where the teacher recalls: SmolLM2's layers 20-24 fit their attention
-    better with three levels than two, evals/results/smollm2-135m-layer-swap/recall_probe.jsonl)."""
-    if not harmonic.recall_layers:
-        return harmonic.timescale_bands
-    return [harmonic.recall_timescale_bands if i in harmonic.recall_layers else harmonic.timescale_bands for i in range(layers)]
-
-
-def _per_layer(default: str, layers: int, special: str, chosen: list[int]) -> str | list[str]:
+def _per_layer(default: T, layers: int, special: T, chosen: list[int]) -> T | list[T]:
     """``default`` for every layer, or one entry per layer with ``special`` in the ``chosen`` ones
     (``convert`` refuses indices past the model's layers before it builds anything)."""
     if not chosen:

@@ -137,8 +137,8 @@ HARMONIC_VARIANTS = {
     "harmonic-two-level-no-hierarchy": {"levels": 2, "hierarchy": False},
     "harmonic-two-level-raw-states": {"levels": 2, "error_signal": False},
 }
-# Variants whose MLP width is fitted to Harmonic's count (the parameters they drop go to the MLP).
-MLP_FITTED_VARIANTS = ("harmonic-one-level", "harmonic-two-level", "harmonic-two-level-no-hierarchy", "harmonic-two-level-raw-states")
+# Variants whose MLP width is fitted to Harmonic's count: those with fewer levels (the parameters they drop go to the MLP).
+MLP_FITTED_VARIANTS = tuple(name for name, flags in HARMONIC_VARIANTS.items() if "levels" in flags)
 
 
 def _fit(make, candidates: range, target: int) -> tuple[object, int]:
