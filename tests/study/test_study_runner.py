@@ -62,6 +62,11 @@ def test_gaps_and_ablation_deltas_follow_from_the_bits(finished):
     for name in ("harmonic-no-hierarchy", "harmonic-raw-states"):
         for c, delta in results["variant_delta_bits"][name].items():
             assert delta == pytest.approx(bits[name][c] - bits["harmonic"][c])
+        for base in ("transformer", "mamba"):
+            gaps = results["variant_gap_percent"][name][base]
+            assert set(gaps) == {"64", "128"}
+            for c, gap in gaps.items():
+                assert gap == pytest.approx(100 * (bits[base][c] - bits[name][c]) / bits[base][c])
     table = (out / "results.md").read_text()
     assert "| harmonic |" in table and "gap vs mamba" in table
     for png in ("bits_vs_context.png", "training_curves.png"):
@@ -147,6 +152,17 @@ def test_sessions_running_subsets_share_one_report(tmp_path, tiny_overrides):
     assert set(results["models"]["harmonic"]["bits"]) == {"32"} and set(results["models"]["transformer"]["bits"]) == {"64"}
     for entry in results["models"].values():  # validation bits are scored beside the test bits
         assert entry["valid_bits"].keys() == entry["bits"].keys()
+
+
+def test_variants_trained_without_harmonic_still_get_their_gaps(tmp_path, tiny_overrides):
+    """One more seed of a variant and a baseline alone: no `harmonic` row, yet the gaps are reported."""
+    recipe = load_study_recipe("study-ci", tiny_overrides + ["models=[harmonic-diagonal, transformer]", "contexts=[32]"])
+    results = runner.run_study(recipe, tmp_path, echo=lambda *_: None)
+    bits = {name: entry["bits"]["32"] for name, entry in results["models"].items()}
+    assert results["gap_percent"] == {"transformer": {}}
+    gap = results["variant_gap_percent"]["harmonic-diagonal"]["transformer"]["32"]
+    assert gap == pytest.approx(100 * (bits["transformer"] - bits["harmonic-diagonal"]) / bits["transformer"])
+    assert f"| harmonic-diagonal vs transformer | {gap:+.2f}% |" in (tmp_path / "results.md").read_text()
 
 
 def test_context_bands_train_each_context_with_its_own_bands(tmp_path, tiny_overrides):
