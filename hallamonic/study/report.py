@@ -74,14 +74,16 @@ def to_markdown(results: dict) -> str:
         cells = [f"{entry['bits'][c]:.4f}" if c in entry["bits"] else ("OOM" if c in failed else "-") for c in contexts]
         lines.append(f"| {name} | {entry['params']:,} | " + " | ".join(cells) + " |")
     for base, gaps in results["gap_percent"].items():
-        cells = [f"{gaps[c]:+.2f}%" if c in gaps else "-" for c in contexts]
-        lines.append(f"| gap vs {base} | | " + " | ".join(cells) + " |")
+        if gaps:  # rows without a single number (no `harmonic` trained) are left out
+            cells = [f"{gaps[c]:+.2f}%" if c in gaps else "-" for c in contexts]
+            lines.append(f"| gap vs {base} | | " + " | ".join(cells) + " |")
     for name, deltas in results["variant_delta_bits"].items():
-        cells = [f"{deltas[c]:+.4f}" if c in deltas else "-" for c in contexts]
-        lines.append(f"| {name} - harmonic (bits) | | " + " | ".join(cells) + " |")
+        if deltas:
+            cells = [f"{deltas[c]:+.4f}" if c in deltas else "-" for c in contexts]
+            lines.append(f"| {name} - harmonic (bits) | | " + " | ".join(cells) + " |")
     lines += ["", "Gap = (baseline - harmonic) / baseline: positive means Harmonic is better."]
     variant_gaps = [(name, base, gaps) for name, by_base in results.get("variant_gap_percent", {}).items()
-                    for base, gaps in by_base.items()]
+                    for base, gaps in by_base.items() if gaps]
     if variant_gaps:
         lines += ["", "Each Harmonic variant's gap, the same way:", "",
                   "| variant | " + " | ".join(contexts) + " |", "|---|" + "---:|" * len(contexts)]
