@@ -45,7 +45,7 @@ def study_command(
             memory_wall(loaded, target / "memory", vocab_size=vocab, echo=typer.echo)
             typer.echo(f"wrote {target / 'memory'}/memory.md, memory.json, memory.png")
             return
-        results = run_study(loaded, target, resume=resume, overwrite=overwrite, echo=typer.echo)
+        run_study(loaded, target, resume=resume, overwrite=overwrite, echo=typer.echo)
     except (RecipeError, DataError, StudyOutputError, ParameterMismatch, TrainingDiverged, ValueError) as err:
         fail(str(err), debug=debug)  # ValueError: a model config the recipe's shape makes invalid
     except OSError as err:
