@@ -62,6 +62,11 @@ def _gap_percent(models: dict, name: str, base: str) -> dict:
     return {c: 100 * (theirs[c] - ours[c]) / theirs[c] for c in ours if c in theirs}
 
 
+def _cells(values: dict, contexts: list[str], fmt: str) -> str:
+    """The rest of a table row: one cell per context, formatted, "-" where there is no number."""
+    return " | ".join(fmt.format(values[c]) if c in values else "-" for c in contexts) + " |"
+
+
 def to_markdown(results: dict) -> str:
     contexts = [str(c) for c in results["contexts"]]
     header = "| model | params | " + " | ".join(contexts) + " |"
@@ -75,27 +80,23 @@ def to_markdown(results: dict) -> str:
         lines.append(f"| {name} | {entry['params']:,} | " + " | ".join(cells) + " |")
     for base, gaps in results["gap_percent"].items():
         if gaps:  # rows without a single number (no `harmonic` trained) are left out
-            cells = [f"{gaps[c]:+.2f}%" if c in gaps else "-" for c in contexts]
-            lines.append(f"| gap vs {base} | | " + " | ".join(cells) + " |")
+            lines.append(f"| gap vs {base} | | " + _cells(gaps, contexts, "{:+.2f}%"))
     for name, deltas in results["variant_delta_bits"].items():
         if deltas:
-            cells = [f"{deltas[c]:+.4f}" if c in deltas else "-" for c in contexts]
-            lines.append(f"| {name} - harmonic (bits) | | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} - harmonic (bits) | | " + _cells(deltas, contexts, "{:+.4f}"))
     lines += ["", "Gap = (baseline - harmonic) / baseline: positive means Harmonic is better."]
-    variant_gaps = [(name, base, gaps) for name, by_base in results.get("variant_gap_percent", {}).items()
+    variant_gaps = [(name, base, gaps) for name, by_base in results["variant_gap_percent"].items()
                     for base, gaps in by_base.items() if gaps]
     if variant_gaps:
         lines += ["", "Each Harmonic variant's gap, the same way:", "",
                   "| variant | " + " | ".join(contexts) + " |", "|---|" + "---:|" * len(contexts)]
         for name, base, gaps in variant_gaps:
-            cells = [f"{gaps[c]:+.2f}%" if c in gaps else "-" for c in contexts]
-            lines.append(f"| {name} vs {base} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} vs {base} | " + _cells(gaps, contexts, "{:+.2f}%"))
     if any(entry.get("valid_bits") for entry in results["models"].values()):
         lines += ["", "Validation split (for design decisions; the test split above is the study's number):", "",
                   "| model | " + " | ".join(contexts) + " |", "|---|" + "---:|" * len(contexts)]
         for name, entry in results["models"].items():
-            cells = [f"{entry['valid_bits'][c]:.4f}" if c in entry.get("valid_bits", {}) else "-" for c in contexts]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | " + _cells(entry.get("valid_bits", {}), contexts, "{:.4f}"))
     return "\n".join(lines) + "\n"
 
 

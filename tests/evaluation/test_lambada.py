@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from evaltiny import build_llama
-import pytest
-
 from hallamonic.evaluation.lambada import encode_pair, evaluate_lambada, paired_comparison, split_passage
 
 
