@@ -52,6 +52,8 @@ def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal
     for module in block.modules():  # the model's own init (gate timescales, zero up-projections)
         HallamonicPreTrainedModel._init_weights(types.SimpleNamespace(config=config), module)
     block.init_from_attention(teacher.model.layers[layer].self_attn)
+    if feature == "taylor" and hasattr(block, "fk"):  # Based's projection: the keys' and queries' top directions
+        block.set_taylor_basis(x_cal)
     if densink:  # the sink key starts as the teacher's key at the first position (the sink's)
         with torch.no_grad():
             block.sink_key.copy_(block.state_write(x_cal[:, 0]).float().mean(0).view_as(block.sink_key))

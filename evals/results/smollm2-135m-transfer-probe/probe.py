@@ -10,6 +10,10 @@ Variants (the feature map phi is applied to the write / read vectors per head):
   identity/none  - today's block: y = S q / sqrt(N)
   identity/rms   - plus a per-head RMSNorm of each level's read-out (GLA-style)
   elu/den        - phi = elu + 1, read-out divided by the same scan over ones (normalised)
+  taylor/den     - phi(x) = [1, x, x (x) x / sqrt 2] scaled so phi(q).phi(k) = 1 + s + s^2/2 with s = q.k / sqrt(N):
+                   Based's second-order Taylor of exp(s), on the teacher's full q / k (1 + N + N(N+1)/2 features), normalised;
+                   taylor/den/features=M first projects q / k per head to M < N dims (learnable, started at their
+                   top principal directions), 1 + M + M(M+1)/2 features
   hedgehog/den   - phi(x) = [softmax(Wx), softmax(-Wx)] per head, W learnable (identity init), normalised
   softmax/den    - phi(x) = softmax(Wx) only (N features, half of Hedgehog's), normalised
   identity/delta - each level's state follows the gated delta rule instead of a decayed sum:
@@ -76,6 +80,10 @@ class ProbeBlock(HarmonicBlock):
                 eye = torch.cat([eye, extra])  # (M, N)
             self.fk = nn.Parameter(eye.repeat(config.num_key_value_heads, 1, 1))  # (Hkv, M, N)
             self.fq = nn.Parameter(eye.repeat(config.num_attention_heads, 1, 1))  # (H, M, N)
+        if feature == "taylor" and 0 < features < n:  # Based: project q / k to M < N dims before the Taylor map
+            basis = torch.linalg.qr(torch.randn(n, features, generator=torch.Generator().manual_seed(layer_idx)))[0].T  # (M, N)
+            self.fk = nn.Parameter(basis.repeat(config.num_key_value_heads, 1, 1))  # (Hkv, M, N); set_taylor_basis fits it
+            self.fq = nn.Parameter(basis.repeat(config.num_attention_heads, 1, 1))  # (H, M, N)
         if normalise == "delta":  # per query head write strength of the delta rule
             self.beta_proj = nn.Linear(config.hidden_size, config.num_attention_heads)
         if normalise == "rms":
@@ -95,10 +103,31 @@ class ProbeBlock(HarmonicBlock):
             return x
         if self.feature == "elu":
             return F.elu(x) + 1
+        if self.feature == "taylor":  # phi(q).phi(k) = 1 + s + s^2 / 2, s = q.k / sqrt(N): exp's second-order Taylor
+            xs = x * x.shape[-1] ** -0.25  # xs(q).xs(k) = s
+            if weight is not None:  # Based: the M-dim projection first, s = (Wq).(Wk) / sqrt(N)
+                xs = torch.einsum("blhn,hmn->blhm", xs, weight)  # (B, L, h, M)
+            rows, cols = torch.triu_indices(xs.shape[-1], xs.shape[-1], device=x.device)
+            weight = torch.where(rows == cols, 0.5**0.5, 1.0)  # diagonal s_ii^2 / 2, off-diagonal pairs once: 2 s_ij^2 / 2
+            square = xs[..., rows] * xs[..., cols] * weight  # (B, L, h, N(N+1)/2)
+            return torch.cat([torch.ones_like(xs[..., :1]), xs, square], -1)  # (B, L, h, 1 + N + N(N+1)/2)
         z = torch.einsum("blhn,hmn->blhm", x, weight)
         if self.feature == "softmax":
             return z.softmax(-1)  # (B, L, h, N)
         return torch.cat([z.softmax(-1), (-z).softmax(-1)], -1)  # (B, L, h, 2N)
+
+    @torch.no_grad()
+    def set_taylor_basis(self, x):
+        """Start the Based projection of every kv group at the top-M principal directions of its
+        keys and queries on x (B, L, hidden), so (Wq).(Wk) keeps most of the teacher's q.k."""
+        n, groups = self.state_size, self.kv_groups
+        k = self.state_write(x).float().reshape(-1, self.num_kv_heads, n)  # (T, Hkv, N)
+        q = self.state_read(x).float().reshape(-1, self.num_kv_heads, groups, n)  # (T, Hkv, G, N)
+        for h in range(self.num_kv_heads):
+            both = torch.cat([k[:, h] / k[:, h].norm(dim=-1).mean(), q[:, h].reshape(-1, n) / q[:, h].norm(dim=-1).mean()])
+            basis = torch.linalg.eigh(both.T @ both)[1][:, -self.fk.shape[1]:].T  # (M, N), top eigenvectors
+            self.fk[h] = basis
+            self.fq[h * groups : (h + 1) * groups] = basis
 
     def _state_maps(self, write, read):
         B, L, _ = write.shape
