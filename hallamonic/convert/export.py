@@ -56,8 +56,11 @@ def block_description(config) -> str:
         return f"{levels} hierarchical state-space mixer with a diagonal state (one number per channel per level)"
     every = range(config.num_hidden_layers)
     hedgehog = [i for i in every if config.layer_feature_map(i) == "hedgehog"]
+    taylor = [i for i in every if config.layer_feature_map(i) == "taylor"]
     delta = [i for i in every if config.layer_update_rule(i) == "delta"]
     maps = _layer_phrase("q.k linear attention", "Hedgehog feature maps, normalised read-out", hedgehog, len(every))
+    taylor_maps = f"Taylor feature maps (1 + s + s^2/2 on {config.taylor_dims}-dim projections), normalised read-out"
+    maps = _layer_phrase(maps, taylor_maps, taylor, len(every))
     writes = _layer_phrase("additive writes", "the gated delta rule (each write replaces what its key held)", delta, len(every))
     return (
         f"{levels} hierarchical state-space mixer with an expanded, selective state: {config.state_size} "

@@ -214,6 +214,7 @@ def convert(
         ("phase2.frozen_layers", recipe.phase2.frozen_layers, bool(recipe.phase2.frozen_layers)),
         ("phase2.refit_layers", recipe.phase2.refit_layers, recipe.phase2.refit_steps > 0),
         ("harmonic.hedgehog_layers", recipe.harmonic.hedgehog_layers, bool(recipe.harmonic.hedgehog_layers)),
+        ("harmonic.taylor_layers", recipe.harmonic.taylor_layers, bool(recipe.harmonic.taylor_layers)),
         ("harmonic.delta_layers", recipe.harmonic.delta_layers, bool(recipe.harmonic.delta_layers)),
         ("harmonic.recall_layers", recipe.harmonic.recall_layers, bool(recipe.harmonic.recall_layers)),
     )

@@ -49,8 +49,10 @@ class HarmonicSection:
     output_gate_rank: int | None = None
     short_conv_size: int = 0  # > 0: causal depthwise conv of the value stream (identity at init)
     state_size: int | None = None  # numbers per channel per level: null = the teacher's head_dim (k/q start the maps); 1 = diagonal
-    feature_map: str = "identity"  # identity (q.k linear attention) | hedgehog (softmax features, normalised read-out)
+    feature_map: str = "identity"  # identity (q.k linear attention) | hedgehog (softmax features) | taylor (Based's 1 + s + s^2/2), both normalised
     hedgehog_layers: list = field(default_factory=list)  # layers whose blocks use hedgehog whatever feature_map says
+    taylor_layers: list = field(default_factory=list)  # layers whose blocks use taylor whatever feature_map says (not hedgehog_layers)
+    taylor_dims: int = 16  # dims a Taylor map projects each query / key to: 1 + M + M(M+1)/2 features
     delta_layers: list = field(default_factory=list)  # layers whose blocks use the delta rule whatever update_rule says (not Hedgehog ones)
     update_rule: str = "sum"  # sum (decayed linear attention) | delta (gated delta rule: writes overwrite along unit keys; Hedgehog layers keep sum)
     recompute_mixer: bool = False  # recompute each block in backward instead of storing its activations
@@ -144,7 +146,7 @@ class Recipe:
 
 CHOICES = {
     "base.dtype": {"float32", "bfloat16"},
-    "harmonic.feature_map": {"identity", "hedgehog"},
+    "harmonic.feature_map": {"identity", "hedgehog", "taylor"},
     "harmonic.update_rule": {"sum", "delta"},
     "phase1.schedule": {"cosine", "linear", "constant"},
     "phase2.schedule": {"cosine", "linear", "constant"},
@@ -193,7 +195,7 @@ def _validate(recipe: Recipe) -> None:
     for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
         if flat[key] not in (None, "float32", "bfloat16"):
             raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")
-    for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers", "harmonic.delta_layers", "harmonic.recall_layers"):
+    for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers", "harmonic.taylor_layers", "harmonic.delta_layers", "harmonic.recall_layers"):
         if not _layer_indices(flat[key]):
             raise RecipeError(f"recipe key `{key}` must list layer indices >= 0, got {flat[key]!r}")
     for key in ("phase1.lr", "phase2.lr"):
@@ -213,7 +215,13 @@ def _validate(recipe: Recipe) -> None:
         (f"harmonic.update_rule: {recipe.harmonic.update_rule}", recipe.harmonic.update_rule != "sum"),
         ("harmonic.delta_layers", bool(recipe.harmonic.delta_layers)),
         ("harmonic.hedgehog_layers", bool(recipe.harmonic.hedgehog_layers)),
+        ("harmonic.taylor_layers", bool(recipe.harmonic.taylor_layers)),
     )
+    overlap = sorted(set(recipe.harmonic.hedgehog_layers) & set(recipe.harmonic.taylor_layers))
+    if overlap:
+        raise RecipeError(f"recipe keys `harmonic.hedgehog_layers` and `harmonic.taylor_layers` both list layer(s) {overlap}: a block has one feature map")
+    if not isinstance(recipe.harmonic.taylor_dims, int) or recipe.harmonic.taylor_dims <= 0:
+        raise RecipeError(f"recipe key `harmonic.taylor_dims` must be an integer > 0, got {recipe.harmonic.taylor_dims!r}")
     for what, asked in needs_expanded_state:
         if asked and state_size == 1:
             raise RecipeError(f"recipe key `{what}` needs the expanded state (`harmonic.state_size` null or > 1)")

@@ -16,6 +16,7 @@ from torch import nn
 
 from hallamonic.convert.recipe import HarmonicSection
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
+from hallamonic.modeling.modeling_hallamonic import TaylorFeatureMap
 
 T = TypeVar("T")  # a per-layer setting's value: a feature map or rule name, a band list
 
@@ -66,7 +67,8 @@ def student_config(teacher: nn.Module, harmonic: HarmonicSection, base_spec: str
         output_gate_rank=harmonic.output_gate_rank,
         short_conv_size=harmonic.short_conv_size,
         state_size=harmonic.state_size or head_dim,
-        feature_map=_per_layer(harmonic.feature_map, tc.num_hidden_layers, "hedgehog", harmonic.hedgehog_layers),
+        feature_map=_feature_maps(harmonic, tc.num_hidden_layers),
+        taylor_dims=harmonic.taylor_dims,
         update_rule=_per_layer(harmonic.update_rule, tc.num_hidden_layers, "delta", harmonic.delta_layers),
         recompute_mixer=harmonic.recompute_mixer,
         tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
@@ -84,6 +86,15 @@ def _per_layer(default: T, layers: int, special: T, chosen: list[int]) -> T | li
     if not chosen:
         return default
     return [special if i in chosen else default for i in range(layers)]
+
+
+def _feature_maps(harmonic: HarmonicSection, layers: int) -> str | list[str]:
+    """``feature_map`` for every layer, with Hedgehog in ``hedgehog_layers`` and Taylor in ``taylor_layers``."""
+    maps = _per_layer(harmonic.feature_map, layers, "hedgehog", harmonic.hedgehog_layers)
+    if not harmonic.taylor_layers:
+        return maps
+    maps = maps if isinstance(maps, list) else [maps] * layers
+    return ["taylor" if i in harmonic.taylor_layers else m for i, m in enumerate(maps)]
 
 
 def is_carried_over(name: str) -> bool:
@@ -141,7 +152,9 @@ def calibrate_blocks(student: HallamonicForCausalLM, teacher: nn.Module, input_i
     1. Level-input norms: levels above the first read RMS-normalised prediction errors (RMS 1 x
        weight). Its from-scratch init assumes a unit-RMS input to v_proj (initializer_range *
        sqrt(hidden)); a teacher's v_proj has its own scale, so the weight is set to the value
-       stream's RMS measured on real text.
+       stream's RMS measured on real text. Taylor feature maps start at the principal directions
+       of the block's own keys and queries on the same text (``fit_taylor_directions``), so their
+       M-dim logits keep most of q . k.
     2. Output scale: a leaky average of v is much louder than the teacher's attention output
        (heads park most of their weight on sink tokens whose values are small), so o_proj is
        scaled by the least-squares factor s = <m, y> / <m, m> between the block's output m and the
@@ -158,6 +171,8 @@ def calibrate_blocks(student: HallamonicForCausalLM, teacher: nn.Module, input_i
         rms = mixer.value_stream(x).float().pow(2).mean().sqrt().item()
         for norm in mixer.error_norms:
             norm.weight.fill_(rms)
+        if isinstance(getattr(mixer, "write_features", None), TaylorFeatureMap):
+            mixer.fit_taylor_directions(x)
         m = mixer(x)[0].float()
         y = y.float()
         scale = (m * y).sum().item() / max((m * m).sum().item(), 1e-12)

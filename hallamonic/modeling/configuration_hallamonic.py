@@ -10,7 +10,7 @@ from __future__ import annotations
 from transformers import PreTrainedConfig
 
 DEFAULT_TIMESCALE_BANDS = ((1.0, 16.0), (16.0, 256.0), (256.0, 4096.0))
-FEATURE_MAPS = ("identity", "hedgehog")  # how the expanded state scores write against read vectors
+FEATURE_MAPS = ("identity", "hedgehog", "taylor")  # how the expanded state scores write against read vectors
 UPDATE_RULES = ("sum", "delta")  # how an expanded level writes: add to its state, or overwrite (delta rule)
 SHORT_CONV_INITS = ("identity", "random")  # the short conv's start: the current input only, or drawn like nn.Conv1d
 VALUE_ACTIVATIONS = ("identity", "silu")  # applied to the (conv-filtered) value stream before the levels
@@ -70,14 +70,18 @@ class HallamonicConfig(PreTrainedConfig):
             linear attention that can be as peaked as softmax. Doubles the state (2N features, a
             numerator and a denominator per value channel). Only with ``state_size`` > 1. A list
             with one entry per layer sets each layer's map: a few layers that must recall can use
-            Hedgehog while the rest keep the cheaper identity (``layer_feature_map``).
+            Hedgehog while the rest keep the cheaper identity (``layer_feature_map``). ``"taylor"``:
+            Based's second-order Taylor map, phi(q).phi(k) = 1 + s + s^2/2 with s = (W q).(W k) / sqrt(N)
+            and W a learnable per-head projection to ``taylor_dims`` dims, same normalised read-out
+            (1 + M + M(M+1)/2 features): sharper recall than q.k at a state of 153 features for M = 16.
+        taylor_dims: M, the dims a Taylor feature map projects each query / key to (default 16).
         update_rule: how the levels of an expanded block (identity features) write. ``"sum"`` (the
             default): S_t = a_t S_{t-1} + (1 - a_t) u_t k_t^T, a decayed sum. ``"delta"``: the gated
             delta rule S_t = a_t S_{t-1} + beta_t (u_t - a_t S_{t-1} k_t) k_t^T with unit-norm k_t,
             a write strength beta_t = sigmoid(``write_strength``(x_t)) per head and one decay per
             head (the mean of its channels' log a): a write replaces what the state returned for
             k_t, so a key written again returns its new value instead of a blur of both. Layers
-            with Hedgehog features keep the sum. Only with ``state_size`` > 1.
+            with a feature map (Hedgehog, Taylor) keep the sum. Only with ``state_size`` > 1.
         recompute_mixer: in training, keep only each block's input and recompute the block in the
             backward pass (activation checkpointing of the mixer): training memory per token drops to
             a few hidden-size vectors per layer for about one extra mixer forward.
@@ -120,6 +124,7 @@ class HallamonicConfig(PreTrainedConfig):
         value_skip: bool = False,
         state_size: int = 1,
         feature_map: str | list[str] = "identity",
+        taylor_dims: int = 16,
         update_rule: str = "sum",
         recompute_mixer: bool = False,
         forward_chunk_size: int = 0,
@@ -159,6 +164,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.value_skip = value_skip
         self.state_size = state_size
         self.feature_map = list(feature_map) if isinstance(feature_map, (list, tuple)) else feature_map
+        self.taylor_dims = taylor_dims
         self.update_rule = list(update_rule) if isinstance(update_rule, (list, tuple)) else update_rule
         self.recompute_mixer = recompute_mixer
         self.forward_chunk_size = forward_chunk_size
@@ -181,8 +187,8 @@ class HallamonicConfig(PreTrainedConfig):
 
     def layer_update_rule(self, layer_idx: int) -> str:
         """How one layer's levels write: ``update_rule`` (or its entry for that layer), except that
-        Hedgehog layers keep the sum."""
-        return "sum" if self.layer_feature_map(layer_idx) == "hedgehog" else _entry(self.update_rule, layer_idx)
+        layers with a feature map (Hedgehog, Taylor) keep the sum."""
+        return "sum" if self.layer_feature_map(layer_idx) != "identity" else _entry(self.update_rule, layer_idx)
 
     @property
     def state_width(self) -> int:
@@ -215,7 +221,7 @@ class HallamonicConfig(PreTrainedConfig):
 
         for name in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "state_size", "gate_rank", "predictor_rank", "output_gate_rank",
+            "num_key_value_heads", "head_dim", "state_size", "taylor_dims", "gate_rank", "predictor_rank", "output_gate_rank",
         ):
             positive_int(name)
         if self.num_attention_heads % self.num_key_value_heads:
@@ -244,6 +250,12 @@ class HallamonicConfig(PreTrainedConfig):
                     raise ValueError(f"HallamonicConfig: `{name}` must be one of {allowed}, got {entry!r}")
                 if entry != plain and self.state_size == 1:
                     raise ValueError(f"HallamonicConfig: `{name}` {entry!r} needs the expanded state (`state_size` > 1)")
+        maps = self.feature_map if isinstance(self.feature_map, list) else [self.feature_map]
+        if "taylor" in maps and self.taylor_dims > self.state_size:
+            raise ValueError(
+                f"HallamonicConfig: `taylor_dims` ({self.taylor_dims}) cannot exceed `state_size` ({self.state_size}): "
+                "a Taylor map projects each N-dim query / key down to taylor_dims"
+            )
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if self.per_layer_bands and len(self.timescale_bands) != self.num_hidden_layers:

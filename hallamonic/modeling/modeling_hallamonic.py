@@ -35,11 +35,14 @@ phi(x) = [softmax(W x), softmax(-W x)] (per head, W learnable from the identity)
 read-out is divided by the same recurrence run over ones: y_l(t) = sum_s w_ts u_l(s) / sum_s w_ts
 with w_ts = decay(s..t) (1 - a_s) phi(q_t).phi(k_s) > 0, a weighted average that can be as peaked
 as softmax attention. The numerator and denominator run as one scan over 2 x head_dim channels
-per head and 2N features.
+per head and 2N features. ``feature_map="taylor"`` uses Based's map instead: phi(q).phi(k) =
+1 + s + s^2/2 with s = (W q).(W k) / sqrt(N), W projecting each head's query / key to
+``taylor_dims`` M dims (1 + M + M(M+1)/2 features; a conversion starts W at the principal
+directions of the teacher's keys and queries), with the same normalised read-out.
 
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
 one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache
-(with Hedgehog: 2 x channels rows of 2N features).
+(with a feature map: 2 x channels rows of its F features).
 
 This file is the remote code shipped inside every checkpoint: it imports only torch, transformers,
 the standard library and its siblings, and does no I/O.
@@ -150,6 +153,57 @@ class HedgehogFeatureMap(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             z = torch.einsum("blhn,hmn->blhm", x.float(), self.weight.float())  # (B, L, h, N)
         return torch.cat([z.softmax(-1), (-z).softmax(-1)], dim=-1)
+
+
+class TaylorFeatureMap(nn.Module):
+    """phi(x) = [1, z, z (x) z / sqrt 2] with z = W_h x / N^(1/4) per head (Based): phi(q) . phi(k) =
+    1 + s + s^2 / 2, the second-order Taylor expansion of exp(s), s = (W q) . (W k) / sqrt(N).
+
+    The kernel is positive (its minimum is 1/2 at s = -1) and grows like s^2, so a normalised
+    read-out weighs tokens whose keys match the query far above the rest: sharper than q . k, and
+    close to softmax for the moderate logits it sees most. W (M x N per head) projects the N-dim
+    query / key to M dims first: 1 + M + M(M+1)/2 features (M = 16: 153), not the ~N^2 / 2 of the
+    full expansion. W starts as the first M coordinates; a conversion's calibration replaces it by
+    the top principal directions of the teacher's keys and queries (``fit_principal_directions``).
+    fp32 also under autocast, as Hedgehog.
+    """
+
+    def __init__(self, heads: int, size: int, dims: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(size)[:dims].repeat(heads, 1, 1))  # (h, M, N)
+        rows, cols = torch.triu_indices(dims, dims)  # the M(M+1)/2 distinct products z_i z_j, i <= j
+        self.register_buffer("pair_rows", rows, persistent=False)
+        self.register_buffer("pair_cols", cols, persistent=False)
+        # z_i^2 counts once, z_i z_j (i < j) twice in (z . z')^2: weights 1/sqrt 2 and 1 give the 1/2
+        self.register_buffer("pair_weight", torch.where(rows == cols, 0.5**0.5, 1.0), persistent=False)
+
+    @staticmethod
+    def size(dims: int) -> int:
+        """Features per head for an M-dim projection."""
+        return 1 + dims + dims * (dims + 1) // 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, L, h, N) fp32 -> (B, L, h, 1 + M + M(M+1)/2)."""
+        with torch.autocast(x.device.type, enabled=False):
+            z = torch.einsum("blhn,hmn->blhm", x.float(), self.weight.float()) * x.shape[-1] ** -0.25  # (B, L, h, M)
+            pairs = z[..., self.pair_rows] * z[..., self.pair_cols] * self.pair_weight  # (B, L, h, M(M+1)/2)
+            return torch.cat([torch.ones_like(z[..., :1]), z, pairs], dim=-1)
+
+    @torch.no_grad()
+    def fit_principal_directions(self, write: torch.Tensor, read: torch.Tensor) -> None:
+        """Set W of this map (the write map of Hkv heads, or the read map of H = G * Hkv heads) to the
+        top-M eigenvectors of each kv group's second moment of keys and queries, each set scaled to
+        unit mean norm: the M directions that keep most of q . k. write: (T, Hkv, N), read: (T, H, N)."""
+        kv_heads, size = write.shape[1], write.shape[2]
+        groups = read.shape[1] // kv_heads
+        dims = self.weight.shape[1]
+        read = read.reshape(read.shape[0], kv_heads, groups, size)  # (T, Hkv, G, N)
+        for h in range(kv_heads):
+            keys, queries = write[:, h].float(), read[:, h].reshape(-1, size).float()
+            both = torch.cat([keys / keys.norm(dim=-1).mean(), queries / queries.norm(dim=-1).mean()])  # (T', N)
+            basis = torch.linalg.eigh(both.T @ both)[1][:, -dims:].T  # (M, N), largest eigenvalues last
+            heads = slice(h, h + 1) if self.weight.shape[0] == kv_heads else slice(h * groups, (h + 1) * groups)
+            self.weight[heads] = basis
 
 
 class TimescaleLinear(nn.Linear):
@@ -275,16 +329,24 @@ class HarmonicBlock(nn.Module):
             map_input = width if config.maps_from_value else config.hidden_size  # read from u, or from x
             self.state_write = StateMap(map_input, config.num_key_value_heads * config.state_size, bias=config.value_bias)
             self.state_read = StateMap(map_input, config.num_attention_heads * config.state_size, bias=config.value_bias)
-        self.normalised = config.layer_feature_map(layer_idx) == "hedgehog"
+        feature_map = config.layer_feature_map(layer_idx)
+        self.normalised = feature_map in ("hedgehog", "taylor")
         self.delta = config.layer_update_rule(layer_idx) == "delta"
         if self.delta:
             self.write_strength = WriteStrength(config.hidden_size, config.num_attention_heads)
-        if self.normalised:
+        if feature_map == "hedgehog":
             self.write_features = HedgehogFeatureMap(config.num_key_value_heads, config.state_size)
             self.read_features = HedgehogFeatureMap(config.num_attention_heads, config.state_size)
-        # Numbers per value channel and level: N, or with Hedgehog 2N features for a numerator and
-        # a denominator each (stored as 2 x head_dim rows per head).
-        self.features = 2 * config.state_size if self.normalised else config.state_size
+        elif feature_map == "taylor":
+            self.write_features = TaylorFeatureMap(config.num_key_value_heads, config.state_size, config.taylor_dims)
+            self.read_features = TaylorFeatureMap(config.num_attention_heads, config.state_size, config.taylor_dims)
+        # Numbers per value channel and level: N, or with a feature map its F features for a
+        # numerator and a denominator each (stored as 2 x head_dim rows per head). Hedgehog: F = 2N.
+        self.features = {
+            "identity": config.state_size,
+            "hedgehog": 2 * config.state_size,
+            "taylor": TaylorFeatureMap.size(config.taylor_dims),
+        }[feature_map]
         kv_width = config.num_key_value_heads * config.head_dim
         # The short conv filters every stream read from x: v, and with the expanded state k and q too
         # (unless they are read from the filtered value stream).
@@ -321,7 +383,7 @@ class HarmonicBlock(nn.Module):
             x: (B, L, hidden) the normalised residual stream.
             state: fp32 states before x, or None for zeros: (B, levels [+ taps - 1], D) when
                 ``state_size`` is 1, (B, levels [+ taps - 1], D, N) otherwise (with Hedgehog
-                features (B, levels [+ taps - 1], 2D, 2N): numerator and denominator rows per head). With a short conv, the
+                or Taylor features (B, levels [+ taps - 1], 2D, F): numerator and denominator rows per head). With a short conv, the
                 rows after the levels hold its last inputs (first kv-width channels, state index 0).
             mask: (B, L) bool, False at padding: there the state neither decays nor takes input.
         Returns:
@@ -383,13 +445,13 @@ class HarmonicBlock(nn.Module):
 
     def _state_maps(self, write: torch.Tensor, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write and read vectors of every head, shared by the levels: (B, L, H, F) each, fp32
-        (F = N, or 2N Hedgehog features). Write vectors have the kv heads' count and are repeated
+        (F = N, 2N Hedgehog or 1 + M + M(M+1)/2 Taylor features). Write vectors have the kv heads' count and are repeated
         like GQA keys."""
         batch, length, _ = write.shape
         write = write.float().view(batch, length, self.num_kv_heads, self.state_size)  # (B, L, Hkv, N)
         read = read.float().view(batch, length, -1, self.state_size)  # (B, L, H, N)
         if self.normalised:
-            write, read = self.write_features(write), self.read_features(read)  # (B, L, *, 2N)
+            write, read = self.write_features(write), self.read_features(read)  # (B, L, *, F)
         else:
             read = read * self.state_size**-0.5
         if self.delta:  # the delta rule overwrites along unit keys
@@ -400,7 +462,7 @@ class HarmonicBlock(nn.Module):
 
     def _level(self, log_a, level_input, maps, state, mask) -> tuple[torch.Tensor, torch.Tensor]:
         """One level's recurrence: its outputs (B, L, D) fp32 and final state (B, D [, N]) fp32
-        (with Hedgehog (B, 2D, 2N): per head the numerator rows, then the denominator rows)."""
+        (with a feature map (B, 2D, F): per head the numerator rows, then the denominator rows)."""
         if maps is not None:
             log_a = log_a.clamp_min(-MAX_DECAY_RATE)  # the chunked path's range (a >= 0.05)
         if mask is not None:  # padding: a = 1, b = 0, the state passes through unchanged
@@ -451,6 +513,18 @@ class HarmonicBlock(nn.Module):
         return y.reshape(batch, length, width), new.reshape(batch, width, self.state_size)
 
     # ---- initialisation from the attention this block replaces ----------------------------
+    @torch.no_grad()
+    def fit_taylor_directions(self, x: torch.Tensor) -> None:
+        """Start a Taylor block's projections at the principal directions of its own keys and
+        queries on real text x (B, L, hidden), so the M-dim s keeps most of the teacher's q . k
+        (``TaylorFeatureMap.fit_principal_directions``). Called by a conversion's calibration."""
+        if not isinstance(getattr(self, "write_features", None), TaylorFeatureMap):
+            raise ValueError("fit_taylor_directions: this block has no Taylor feature map")
+        write = self.state_write(x).float().reshape(-1, self.num_kv_heads, self.state_size)  # (T, Hkv, N)
+        read = self.state_read(x).float().reshape(-1, self.num_kv_heads * self.kv_groups, self.state_size)  # (T, H, N)
+        self.write_features.fit_principal_directions(write, read)
+        self.read_features.fit_principal_directions(write, read)
+
     @torch.no_grad()
     def init_from_attention(self, attention: nn.Module) -> None:
         """Copy v_proj and o_proj from a Llama/Mistral/Qwen2 attention module (GQA kept as is:
@@ -555,6 +629,9 @@ class HallamonicPreTrainedModel(PreTrainedModel):
             init.copy_(module.bias, module.timescale_bias())
         elif isinstance(module, HedgehogFeatureMap):
             init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
+        elif isinstance(module, TaylorFeatureMap):  # the first M coordinates
+            heads, dims, size = module.weight.shape
+            init.copy_(module.weight, torch.eye(size)[:dims].expand(heads, dims, size))
         elif isinstance(module, WriteStrength):
             init.zeros_(module.weight)
             init.zeros_(module.bias)

@@ -22,6 +22,8 @@ def test_the_card_describes_the_block_that_was_exported():
     mixed = export.block_description(HallamonicConfig(state_size=64, num_hidden_layers=3, feature_map=["identity", "hedgehog", "identity"]))
     assert "q.k linear attention; in layer(s) 1 Hedgehog feature maps" in mixed
     assert "additive writes" in mixed and "delta" not in mixed
+    taylor = export.block_description(HallamonicConfig(state_size=64, num_hidden_layers=3, feature_map=["identity", "hedgehog", "taylor"]))
+    assert "in layer(s) 1 Hedgehog feature maps, normalised read-out; in layer(s) 2 Taylor feature maps (1 + s + s^2/2 on 16-dim projections)" in taylor
     levels = export.block_description(HallamonicConfig(state_size=1, num_hidden_layers=3, timescale_bands=[[[1, 64]], [[1, 64]], [[1, 8], [8, 64]]]))
     assert levels.startswith("1-level (2-level in layer(s) 2) hierarchical")
 

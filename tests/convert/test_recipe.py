@@ -58,7 +58,9 @@ def test_exponent_without_a_dot_is_a_number():
         ("phase2.ce_weight=-1", r"`phase2.ce_weight` must be >= 0"),
         ("train.on_nan=ignore", r"`train.on_nan` must be one of"),
         ("harmonic.hierarchy=maybe", r"`harmonic.hierarchy` must be true or false"),
-        ("harmonic.feature_map=softmax", r"`harmonic.feature_map` must be one of \['hedgehog', 'identity'\]"),
+        ("harmonic.feature_map=softmax", r"`harmonic.feature_map` must be one of \['hedgehog', 'identity', 'taylor'\]"),
+        ("harmonic.taylor_layers=[-1]", r"`harmonic.taylor_layers` must list layer indices >= 0"),
+        ("harmonic.taylor_dims=0", r"`harmonic.taylor_dims` must be an integer > 0"),
         ("eval.context_lengths=[1024, -5]", r"`eval.context_lengths` must be positive integers"),
         ("phase1.steps", r"--set expects key=value"),
         ("phase2.frozen_layers=[-1]", r"`phase2.frozen_layers` must list layer indices >= 0"),
@@ -88,6 +90,13 @@ def test_phase2_reads_data_unless_phase2_data_names_a_source():
     assert local.phase2_source() is local.phase2_data and local.phase2_source().path == "edu.txt"
     hub = load_recipe("tiny", ["phase2_data.dataset=HuggingFaceFW/fineweb-edu", "phase2_data.config=sample-10BT"])
     assert hub.phase2_source().dataset == "HuggingFaceFW/fineweb-edu" and hub.data.dataset == "builtin:stdlib-docs"
+
+
+def test_a_layer_has_one_feature_map():
+    with pytest.raises(RecipeError, match=r"`harmonic.hedgehog_layers` and `harmonic.taylor_layers` both list layer\(s\) \[1\]"):
+        load_recipe("tiny", ["harmonic.taylor_layers=[0, 1]", "harmonic.hedgehog_layers=[1]"])
+    with pytest.raises(RecipeError, match=r"`harmonic.taylor_layers` needs the expanded state"):
+        load_recipe("tiny", ["harmonic.taylor_layers=[1]", "harmonic.state_size=1"])
 
 
 def test_hedgehog_needs_the_expanded_state():

@@ -125,6 +125,31 @@ def test_hedgehog_block_starts_from_the_teachers_qkv_through_identity_feature_ma
     assert torch.isfinite(student(ids).logits).all()
 
 
+def test_taylor_layers_start_at_the_principal_directions_of_the_teachers_keys_and_queries():
+    """taylor_layers gives those blocks Taylor features beside Hedgehog / identity ones; the
+    calibration replaces the maps' first-coordinates start with the top principal directions of the
+    block's keys and queries (the teacher's k_proj / q_proj) on the calibration text."""
+    teacher = build_tiny_llama(300, tie_word_embeddings=False)
+    student = build_student(teacher, HarmonicSection(taylor_layers=[0], hedgehog_layers=[1], taylor_dims=4))
+    assert student.config.feature_map == ["taylor", "hedgehog"] and student.config.taylor_dims == 4
+    mixer = student.model.layers[0].mixer
+    assert mixer.normalised and mixer.features == 1 + 4 + 10
+    assert torch.equal(mixer.state_write.weight, teacher.model.layers[0].self_attn.k_proj.weight)
+    ids = torch.randint(0, 300, (2, 32))
+    calibrate_blocks(student, teacher, ids)
+    from hallamonic.convert.phases import capture_attention_io
+
+    x = capture_attention_io(teacher, ids)[0][0]  # layer 0's attention input
+    keys = mixer.state_write(x).reshape(-1, mixer.num_kv_heads, mixer.state_size)  # (T, Hkv, N)
+    for h in range(mixer.num_kv_heads):
+        weight = mixer.write_features.weight[h]  # (M, N)
+        torch.testing.assert_close(weight @ weight.T, torch.eye(4), atol=1e-5, rtol=0)
+        kept = (keys[:, h] @ weight.T).pow(2).sum() / keys[:, h].pow(2).sum()  # share of the keys' energy in the M dims
+        first = keys[:, h, :4].pow(2).sum() / keys[:, h].pow(2).sum()  # the start's share: the first 4 coordinates
+        assert kept > first
+    assert torch.isfinite(student(ids).logits).all()
+
+
 def test_hedgehog_layers_give_those_blocks_hedgehog_and_the_rest_the_recipes_map():
     teacher = build_tiny_llama(300, tie_word_embeddings=False)
     student = build_student(teacher, HarmonicSection(hedgehog_layers=[1]))

@@ -49,10 +49,12 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
         (4, 8, "hedgehog"), (4, 8, ["hedgehog", "identity"]), (0, 8, "identity", "delta"), (4, 8, ["hedgehog", "identity"], "delta"),
         (4, 8, "identity", ["delta", "sum"]), (4, 8, "identity", "sum", MAMBA_VALUE_PATH),
         (4, 8, "identity", ["delta", "sum"], {"timescale_bands": [[[1, 16], [16, 256], [256, 4096]], [[1, 64], [64, 4096]]]}),
+        (0, 8, "taylor", "sum", {"taylor_dims": 4}), (4, 8, ["taylor", "identity"], ["sum", "delta"], {"taylor_dims": 3}),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
         "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path", "per-layer-levels",
+        "taylor", "taylor-short-conv-beside-delta",
     ],
 )
 def model(request) -> HallamonicForCausalLM:
@@ -63,7 +65,8 @@ def model(request) -> HallamonicForCausalLM:
     the delta rule's levels (alone, in a layer beside a Hedgehog one that keeps the sum, and chosen
     per layer beside a summing one), and Mamba's value path (write/read vectors from the activated,
     filtered value stream, with its D skip; only v then goes through the conv), and layers with
-    different numbers of levels (three, then two: states of two level counts in one cache)."""
+    different numbers of levels (three, then two: states of two level counts in one cache), and
+    Taylor features (alone, and beside a delta-rule layer: 1 + M + M(M+1)/2 features per row)."""
     short_conv_size, state_size, feature_map, *rest = request.param
     return stateful_model(
         short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map,
@@ -168,10 +171,12 @@ def test_cache_size_is_constant_in_generated_length(model):
 
     short, long = cache_bytes(10), cache_bytes(2000)
     taps = max(model.config.short_conv_size - 1, 0)  # rows after the levels: the conv's carried inputs
-    # per layer: (levels + taps) rows * channels (4 heads x 8) * N * fp32 bytes, x4 with Hedgehog (2x rows for numerator and denominator, 2N features)
+    # per layer: (levels + taps) rows * channels (4 heads x 8) * F features * fp32 bytes, with F = N, or with a feature
+    # map 2x the rows (numerator and denominator) of 2N Hedgehog or 1 + M + M(M+1)/2 Taylor features
+    m = model.config.taylor_dims
+    features = {"identity": model.config.state_size, "hedgehog": 4 * model.config.state_size, "taylor": 2 * (1 + m + m * (m + 1) // 2)}
     expected = sum(
-        (len(model.config.layer_timescale_bands(i)) + taps) * 32 * model.config.state_size * 4
-        * (4 if model.config.layer_feature_map(i) == "hedgehog" else 1) for i in range(2)
+        (len(model.config.layer_timescale_bands(i)) + taps) * 32 * features[model.config.layer_feature_map(i)] * 4 for i in range(2)
     )
     assert short == long == expected
 
@@ -179,8 +184,8 @@ def test_cache_size_is_constant_in_generated_length(model):
 @pytest.mark.parametrize(
     "state_size, feature_map, update_rule, value_path",
     [(1, "identity", "sum", {}), (8, "identity", "sum", {}), (8, "hedgehog", "sum", {}), (8, "identity", "delta", {}),
-     (8, "identity", "sum", MAMBA_VALUE_PATH)],
-    ids=["diagonal", "selective", "hedgehog", "delta", "mamba-value-path"],
+     (8, "identity", "sum", MAMBA_VALUE_PATH), (8, "taylor", "sum", {"taylor_dims": 4})],
+    ids=["diagonal", "selective", "hedgehog", "delta", "mamba-value-path", "taylor"],
 )
 @pytest.mark.parametrize("short_conv_size", [0, 4])
 def test_gradients_flow_through_every_mixer_parameter(short_conv_size, state_size, feature_map, update_rule, value_path):
@@ -447,6 +452,57 @@ def test_hedgehog_state_is_a_normalised_linear_attention():
         weights = torch.einsum("bthn,bshn->bhts", q, k) * decay.float()  # (B, H, L, L)
         mixed = torch.einsum("bhts,bshp->bthp", weights, v) / weights.sum(-1).transpose(1, 2).unsqueeze(-1)
         torch.testing.assert_close(y, block.o_proj(mixed.reshape(2, 37, 32)), atol=1e-5, rtol=1e-4)
+
+
+def test_taylor_state_is_a_normalised_linear_attention_with_the_second_order_exp_kernel():
+    """With one constant decay and one level, a Taylor block's read-out is the weighted average
+    y_t = sum_s w_ts v_s / sum_s w_ts, w_ts = (1-a) a^(t-s) (1 + s_ts + s_ts^2 / 2),
+    s_ts = (W q_t).(W k_s) / sqrt(N): Based's kernel, computed here without any feature vector."""
+    config = tiny_config(state_size=8, timescale_bands=[[4.0, 4.0]], feature_map="taylor", taylor_dims=3)
+    torch.manual_seed(2)
+    block = HarmonicBlock(config).eval()
+    HallamonicForCausalLM(config)._init_weights(block.gates[0].up)
+    with torch.no_grad():  # projections other than the first coordinates it starts from
+        block.write_features.weight.normal_()
+        block.read_features.weight.normal_()
+    x = torch.randn(2, 37, 32)
+    with torch.no_grad():
+        y, _ = block(x)
+        a = math.exp(-1 / 4.0)
+        v = block.value_stream(x).view(2, 37, 4, 8)  # (B, L, H, P)
+        k = torch.einsum("blhn,hmn->blhm", block.state_write(x).view(2, 37, 2, 8), block.write_features.weight)  # (B, L, Hkv, 3)
+        k = k.repeat_interleave(2, dim=2)  # GQA: kv head h serves query heads 2h, 2h+1
+        q = torch.einsum("blhn,hmn->blhm", block.state_read(x).view(2, 37, 4, 8), block.read_features.weight)  # (B, L, H, 3)
+        s = torch.einsum("bthm,bshm->bhts", q, k) / 8**0.5  # (B, H, L, L)
+        t = torch.arange(37)
+        decay = (1 - a) * a ** (t[:, None] - t[None, :]).clamp_min(0).double() * (t[:, None] >= t[None, :])
+        weights = (1 + s + s * s / 2) * decay.float()
+        mixed = torch.einsum("bhts,bshp->bthp", weights, v) / weights.sum(-1).transpose(1, 2).unsqueeze(-1)
+        torch.testing.assert_close(y, block.o_proj(mixed.reshape(2, 37, 32)), atol=1e-5, rtol=1e-4)
+
+
+def test_taylor_directions_are_the_principal_ones_of_keys_and_queries():
+    """Keys and queries that live in a 2-dim subspace of each kv group's 8 dims: fitting puts both
+    maps' M = 2 rows on that subspace (orthonormal, per group, shared by the group's query heads)."""
+    config = tiny_config(state_size=8, feature_map="taylor", taylor_dims=2)
+    block = HarmonicBlock(config)
+    g = torch.Generator().manual_seed(0)
+    planes = [torch.linalg.qr(torch.randn(8, 2, generator=g))[0] for _ in range(2)]  # (N, 2) per kv group
+    coords = torch.randn(500, 2, 2, generator=g)  # (T, Hkv, 2)
+    write = torch.stack([coords[:, h] @ planes[h].T for h in range(2)], 1)  # (T, Hkv, N)
+    read = torch.stack([write[:, h] * 3.0 for h in (0, 0, 1, 1)], 1)  # (T, H, N): query head i reads kv group i // 2
+    block.write_features.fit_principal_directions(write, read)
+    block.read_features.fit_principal_directions(write, read)
+    for head in range(4):
+        group = head // 2
+        for weight in (block.read_features.weight[head], block.write_features.weight[group]):
+            torch.testing.assert_close(weight @ weight.T, torch.eye(2), atol=1e-5, rtol=0)  # orthonormal rows
+            torch.testing.assert_close(weight.T @ weight, planes[group] @ planes[group].T, atol=1e-5, rtol=0)  # the plane
+
+
+def test_taylor_dims_cannot_exceed_the_state():
+    with pytest.raises(ValueError, match="taylor_dims"):
+        tiny_config(state_size=8, feature_map="taylor", taylor_dims=9)
 
 
 def test_hedgehog_needs_the_expanded_state():
