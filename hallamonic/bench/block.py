@@ -94,7 +94,7 @@ def benchmark_blocks(
     cases = [(f"harmonic N={n}", {"state_size": n}) for n in state_sizes]
     cases += [(f"harmonic N={n} recompute", {"state_size": n, "recompute_mixer": True}) for n in expanded]
     cases += [(f"harmonic N={n} hedgehog", {"state_size": n, "feature_map": "hedgehog"}) for n in expanded]
-    cases += [(f"harmonic N={n} taylor M=16", {"state_size": n, "feature_map": "taylor"}) for n in expanded if n >= 16]
+    cases += [(f"harmonic N={n} taylor M={min(n, 16)}", {"state_size": n, "feature_map": "taylor", "taylor_dims": min(n, 16)}) for n in expanded]
     cases += [(f"harmonic N={n} delta", {"state_size": n, "update_rule": "delta"}) for n in expanded]
     cases += [(f"harmonic N={n} conv", {"state_size": n, "short_conv_size": 4}) for n in expanded]
     cases += [(f"harmonic N={n} value path", {"state_size": n, "short_conv_size": 4, **VALUE_PATH}) for n in expanded]

@@ -20,7 +20,7 @@ def test_every_block_variant_gets_a_row_beside_attention():
     rows = benchmark_blocks(batch=1, length=16, hidden=32, heads=2, state_sizes=(1, 4), repeats=1)
     names = [r["mixer"] for r in rows]
     assert names == [
-        "harmonic N=1", "harmonic N=4", "harmonic N=4 recompute", "harmonic N=4 hedgehog", "harmonic N=4 delta",
+        "harmonic N=1", "harmonic N=4", "harmonic N=4 recompute", "harmonic N=4 hedgehog", "harmonic N=4 taylor M=4", "harmonic N=4 delta",
         "harmonic N=4 conv", "harmonic N=4 value path", "llama attention (sdpa)",
     ]
     by_name = {r["mixer"]: r for r in rows}
