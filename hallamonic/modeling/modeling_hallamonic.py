@@ -171,11 +171,6 @@ class TaylorFeatureMap(nn.Module):
     def __init__(self, heads: int, size: int, dims: int):
         super().__init__()
         self.weight = nn.Parameter(torch.eye(size)[:dims].repeat(heads, 1, 1))  # (h, M, N)
-        rows, cols = torch.triu_indices(dims, dims)  # the M(M+1)/2 distinct products z_i z_j, i <= j
-        self.register_buffer("pair_rows", rows, persistent=False)
-        self.register_buffer("pair_cols", cols, persistent=False)
-        # z_i^2 counts once, z_i z_j (i < j) twice in (z . z')^2: weights 1/sqrt 2 and 1 give the 1/2
-        self.register_buffer("pair_weight", torch.where(rows == cols, 0.5**0.5, 1.0), persistent=False)
 
     @staticmethod
     def size(dims: int) -> int:
@@ -186,7 +181,12 @@ class TaylorFeatureMap(nn.Module):
         """x: (B, L, h, N) fp32 -> (B, L, h, 1 + M + M(M+1)/2)."""
         with torch.autocast(x.device.type, enabled=False):
             z = torch.einsum("blhn,hmn->blhm", x.float(), self.weight.float()) * x.shape[-1] ** -0.25  # (B, L, h, M)
-            pairs = z[..., self.pair_rows] * z[..., self.pair_cols] * self.pair_weight  # (B, L, h, M(M+1)/2)
+            # The M(M+1)/2 distinct products z_i z_j, i <= j (built here, not kept as buffers: from_pretrained
+            # leaves non-persistent buffers uninitialised). z_i^2 counts once, z_i z_j (i < j) twice in
+            # (z . z')^2, so weights 1/sqrt 2 and 1 give the 1/2.
+            rows, cols = torch.triu_indices(z.shape[-1], z.shape[-1], device=z.device)
+            weight = torch.where(rows == cols, 0.5**0.5, 1.0).to(z.dtype)
+            pairs = z[..., rows] * z[..., cols] * weight  # (B, L, h, M(M+1)/2)
             return torch.cat([torch.ones_like(z[..., :1]), z, pairs], dim=-1)
 
     @torch.no_grad()
