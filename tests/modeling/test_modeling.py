@@ -617,3 +617,15 @@ def test_mamba_value_path_refuses_attention_init_and_needs_the_expanded_state():
         tiny_config(value_activation="relu")
     with pytest.raises(ValueError, match="short_conv_init"):
         tiny_config(short_conv_init="zeros")
+
+
+def test_a_taylor_model_reloads_with_the_same_logits(tmp_path):
+    """from_pretrained builds modules on the meta device and fills only saved tensors: a Taylor map
+    must not rely on anything else (its pair indices once lived in non-persistent buffers, garbage
+    after a reload)."""
+    model = stateful_model(state_size=8, feature_map=["taylor", "identity"], taylor_dims=4).eval()
+    model.save_pretrained(tmp_path)
+    again = HallamonicForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 97, (2, 33))
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits)
