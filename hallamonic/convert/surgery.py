@@ -16,7 +16,6 @@ from torch import nn
 
 from hallamonic.convert.recipe import HarmonicSection
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
-from hallamonic.modeling.modeling_hallamonic import TaylorFeatureMap
 
 T = TypeVar("T")  # a per-layer setting's value: a feature map or rule name, a band list
 
@@ -90,11 +89,10 @@ def _per_layer(default: T, layers: int, special: T, chosen: list[int]) -> T | li
 
 def _feature_maps(harmonic: HarmonicSection, layers: int) -> str | list[str]:
     """``feature_map`` for every layer, with Hedgehog in ``hedgehog_layers`` and Taylor in ``taylor_layers``."""
-    maps = _per_layer(harmonic.feature_map, layers, "hedgehog", harmonic.hedgehog_layers)
     if not harmonic.taylor_layers:
-        return maps
-    maps = maps if isinstance(maps, list) else [maps] * layers
-    return ["taylor" if i in harmonic.taylor_layers else m for i, m in enumerate(maps)]
+        return _per_layer(harmonic.feature_map, layers, "hedgehog", harmonic.hedgehog_layers)
+    hedgehog, taylor = set(harmonic.hedgehog_layers), set(harmonic.taylor_layers)  # disjoint (the recipe checks)
+    return ["taylor" if i in taylor else "hedgehog" if i in hedgehog else harmonic.feature_map for i in range(layers)]
 
 
 def is_carried_over(name: str) -> bool:
@@ -165,13 +163,13 @@ def calibrate_blocks(student: HallamonicForCausalLM, teacher: nn.Module, input_i
 
     inputs, targets = capture_attention_io(teacher, input_ids)
     stats = []
-    for layer, x, y in zip(student.model.layers, inputs, targets):
+    for index, (layer, x, y) in enumerate(zip(student.model.layers, inputs, targets)):
         mixer = layer.mixer
         x = x.to(mixer.v_proj.weight.dtype)
         rms = mixer.value_stream(x).float().pow(2).mean().sqrt().item()
         for norm in mixer.error_norms:
             norm.weight.fill_(rms)
-        if isinstance(getattr(mixer, "write_features", None), TaylorFeatureMap):
+        if student.config.layer_feature_map(index) == "taylor":
             mixer.fit_taylor_directions(x)
         m = mixer(x)[0].float()
         y = y.float()

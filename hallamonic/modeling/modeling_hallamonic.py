@@ -164,7 +164,7 @@ class TaylorFeatureMap(nn.Module):
     close to softmax for the moderate logits it sees most. W (M x N per head) projects the N-dim
     query / key to M dims first: 1 + M + M(M+1)/2 features (M = 16: 153), not the ~N^2 / 2 of the
     full expansion. W starts as the first M coordinates; a conversion's calibration replaces it by
-    the top principal directions of the teacher's keys and queries (``fit_principal_directions``).
+    the top principal directions of the teacher's keys and queries (``principal_directions``).
     fp32 also under autocast, as Hedgehog.
     """
 
@@ -189,21 +189,20 @@ class TaylorFeatureMap(nn.Module):
             pairs = z[..., rows] * z[..., cols] * weight  # (B, L, h, M(M+1)/2)
             return torch.cat([torch.ones_like(z[..., :1]), z, pairs], dim=-1)
 
+    @staticmethod
     @torch.no_grad()
-    def fit_principal_directions(self, write: torch.Tensor, read: torch.Tensor) -> None:
-        """Set W of this map (the write map of Hkv heads, or the read map of H = G * Hkv heads) to the
-        top-M eigenvectors of each kv group's second moment of keys and queries, each set scaled to
-        unit mean norm: the M directions that keep most of q . k. write: (T, Hkv, N), read: (T, H, N)."""
+    def principal_directions(write: torch.Tensor, read: torch.Tensor, dims: int) -> torch.Tensor:
+        """The top-M eigenvectors of each kv group's second moment of keys and queries, each set
+        scaled to unit mean norm: the M directions that keep most of q . k.
+        write: (T, Hkv, N), read: (T, H, N) with H = G * Hkv -> (Hkv, M, N) orthonormal rows."""
         kv_heads, size = write.shape[1], write.shape[2]
-        groups = read.shape[1] // kv_heads
-        dims = self.weight.shape[1]
-        read = read.reshape(read.shape[0], kv_heads, groups, size)  # (T, Hkv, G, N)
+        read = read.reshape(read.shape[0], kv_heads, -1, size)  # (T, Hkv, G, N)
+        bases = []
         for h in range(kv_heads):
             keys, queries = write[:, h].float(), read[:, h].reshape(-1, size).float()
             both = torch.cat([keys / keys.norm(dim=-1).mean(), queries / queries.norm(dim=-1).mean()])  # (T', N)
-            basis = torch.linalg.eigh(both.T @ both)[1][:, -dims:].T  # (M, N), largest eigenvalues last
-            heads = slice(h, h + 1) if self.weight.shape[0] == kv_heads else slice(h * groups, (h + 1) * groups)
-            self.weight[heads] = basis
+            bases.append(torch.linalg.eigh(both.T @ both)[1][:, -dims:].T)  # (M, N), largest eigenvalues last
+        return torch.stack(bases)
 
 
 class TimescaleLinear(nn.Linear):
@@ -330,7 +329,7 @@ class HarmonicBlock(nn.Module):
             self.state_write = StateMap(map_input, config.num_key_value_heads * config.state_size, bias=config.value_bias)
             self.state_read = StateMap(map_input, config.num_attention_heads * config.state_size, bias=config.value_bias)
         feature_map = config.layer_feature_map(layer_idx)
-        self.normalised = feature_map in ("hedgehog", "taylor")
+        self.normalised = feature_map != "identity"  # Hedgehog and Taylor read out a weighted average
         self.delta = config.layer_update_rule(layer_idx) == "delta"
         if self.delta:
             self.write_strength = WriteStrength(config.hidden_size, config.num_attention_heads)
@@ -517,13 +516,15 @@ class HarmonicBlock(nn.Module):
     def fit_taylor_directions(self, x: torch.Tensor) -> None:
         """Start a Taylor block's projections at the principal directions of its own keys and
         queries on real text x (B, L, hidden), so the M-dim s keeps most of the teacher's q . k
-        (``TaylorFeatureMap.fit_principal_directions``). Called by a conversion's calibration."""
+        (``TaylorFeatureMap.principal_directions``): each kv group's basis goes to its write map and
+        to the read maps of its G query heads. Called by a conversion's calibration."""
         if not isinstance(getattr(self, "write_features", None), TaylorFeatureMap):
             raise ValueError("fit_taylor_directions: this block has no Taylor feature map")
         write = self.state_write(x).float().reshape(-1, self.num_kv_heads, self.state_size)  # (T, Hkv, N)
         read = self.state_read(x).float().reshape(-1, self.num_kv_heads * self.kv_groups, self.state_size)  # (T, H, N)
-        self.write_features.fit_principal_directions(write, read)
-        self.read_features.fit_principal_directions(write, read)
+        bases = TaylorFeatureMap.principal_directions(write, read, self.write_features.weight.shape[1])  # (Hkv, M, N)
+        self.write_features.weight.copy_(bases)
+        self.read_features.weight.copy_(bases.repeat_interleave(self.kv_groups, dim=0))  # (H, M, N)
 
     @torch.no_grad()
     def init_from_attention(self, attention: nn.Module) -> None:

@@ -147,6 +147,8 @@ def test_taylor_layers_start_at_the_principal_directions_of_the_teachers_keys_an
         kept = (keys[:, h] @ weight.T).pow(2).sum() / keys[:, h].pow(2).sum()  # share of the keys' energy in the M dims
         first = keys[:, h, :4].pow(2).sum() / keys[:, h].pow(2).sum()  # the start's share: the first 4 coordinates
         assert kept > first
+        for head in range(h * mixer.kv_groups, (h + 1) * mixer.kv_groups):  # its query heads read through the same basis
+            assert torch.equal(mixer.read_features.weight[head], weight)
     assert torch.isfinite(student(ids).logits).all()
 
 

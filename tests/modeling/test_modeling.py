@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM, HarmonicBlock
+from hallamonic.modeling.modeling_hallamonic import TaylorFeatureMap
 
 
 # Mamba's data path from scratch: u = silu(conv(v)), B / C (write / read) and the gates read u, D skip.
@@ -482,22 +483,18 @@ def test_taylor_state_is_a_normalised_linear_attention_with_the_second_order_exp
 
 
 def test_taylor_directions_are_the_principal_ones_of_keys_and_queries():
-    """Keys and queries that live in a 2-dim subspace of each kv group's 8 dims: fitting puts both
-    maps' M = 2 rows on that subspace (orthonormal, per group, shared by the group's query heads)."""
-    config = tiny_config(state_size=8, feature_map="taylor", taylor_dims=2)
-    block = HarmonicBlock(config)
+    """Keys and queries that live in a 2-dim subspace of each kv group's 8 dims: the M = 2 directions
+    found per group are orthonormal and span that subspace."""
     g = torch.Generator().manual_seed(0)
     planes = [torch.linalg.qr(torch.randn(8, 2, generator=g))[0] for _ in range(2)]  # (N, 2) per kv group
     coords = torch.randn(500, 2, 2, generator=g)  # (T, Hkv, 2)
     write = torch.stack([coords[:, h] @ planes[h].T for h in range(2)], 1)  # (T, Hkv, N)
     read = torch.stack([write[:, h] * 3.0 for h in (0, 0, 1, 1)], 1)  # (T, H, N): query head i reads kv group i // 2
-    block.write_features.fit_principal_directions(write, read)
-    block.read_features.fit_principal_directions(write, read)
-    for head in range(4):
-        group = head // 2
-        for weight in (block.read_features.weight[head], block.write_features.weight[group]):
-            torch.testing.assert_close(weight @ weight.T, torch.eye(2), atol=1e-5, rtol=0)  # orthonormal rows
-            torch.testing.assert_close(weight.T @ weight, planes[group] @ planes[group].T, atol=1e-5, rtol=0)  # the plane
+    bases = TaylorFeatureMap.principal_directions(write, read, dims=2)  # (Hkv, M, N)
+    assert bases.shape == (2, 2, 8)
+    for group, weight in enumerate(bases):
+        torch.testing.assert_close(weight @ weight.T, torch.eye(2), atol=1e-5, rtol=0)  # orthonormal rows
+        torch.testing.assert_close(weight.T @ weight, planes[group] @ planes[group].T, atol=1e-5, rtol=0)  # the plane
 
 
 def test_taylor_dims_cannot_exceed_the_state():

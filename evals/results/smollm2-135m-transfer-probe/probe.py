@@ -50,7 +50,7 @@ from hallamonic.loading import smollm2_gguf_path
 from hallamonic.modeling.hallamonic_selective_scan import selective_scan
 import types
 
-from hallamonic.modeling.modeling_hallamonic import HallamonicPreTrainedModel, HarmonicBlock
+from hallamonic.modeling.modeling_hallamonic import HallamonicPreTrainedModel, HarmonicBlock, TaylorFeatureMap
 from hallamonic.training.packing import PackedBatches
 
 LAYERS = [3, 11, 19, 27]
@@ -119,15 +119,13 @@ class ProbeBlock(HarmonicBlock):
     @torch.no_grad()
     def set_taylor_basis(self, x):
         """Start the Based projection of every kv group at the top-M principal directions of its
-        keys and queries on x (B, L, hidden), so (Wq).(Wk) keeps most of the teacher's q.k."""
-        n, groups = self.state_size, self.kv_groups
-        k = self.state_write(x).float().reshape(-1, self.num_kv_heads, n)  # (T, Hkv, N)
-        q = self.state_read(x).float().reshape(-1, self.num_kv_heads, groups, n)  # (T, Hkv, G, N)
-        for h in range(self.num_kv_heads):
-            both = torch.cat([k[:, h] / k[:, h].norm(dim=-1).mean(), q[:, h].reshape(-1, n) / q[:, h].norm(dim=-1).mean()])
-            basis = torch.linalg.eigh(both.T @ both)[1][:, -self.fk.shape[1]:].T  # (M, N), top eigenvectors
-            self.fk[h] = basis
-            self.fq[h * groups : (h + 1) * groups] = basis
+        keys and queries on x (B, L, hidden), so (Wq).(Wk) keeps most of the teacher's q.k (the
+        product's ``TaylorFeatureMap.principal_directions``)."""
+        write = self.state_write(x).float().reshape(-1, self.num_kv_heads, self.state_size)  # (T, Hkv, N)
+        read = self.state_read(x).float().reshape(-1, self.num_kv_heads * self.kv_groups, self.state_size)  # (T, H, N)
+        bases = TaylorFeatureMap.principal_directions(write, read, self.fk.shape[1])  # (Hkv, M, N)
+        self.fk.copy_(bases)
+        self.fq.copy_(bases.repeat_interleave(self.kv_groups, dim=0))
 
     def _state_maps(self, write, read):
         B, L, _ = write.shape
