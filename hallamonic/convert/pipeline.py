@@ -388,11 +388,23 @@ def run_phase1_focus(run: ConversionRun, teacher) -> PhaseResult:
     still far from their attention when phase 1 ends, and more steps there bring LAMBADA back
     (``evals/results/smollm2-135m-layer-swap/``); training only those blocks on a small pool whose
     teacher I/O is captured once makes such a step ~1/8 the cost of a phase-1 step.
+
+    With ``focus_inputs: converted`` the blocks regress what the teacher's attention makes of the
+    inputs the converted model gives their layers (the refit's setting, before phase 2 instead of
+    after it), so phase 2 adapts the other layers to blocks fitted where they will run.
     """
     p1 = run.recipe.phase1
     section = replace(p1, steps=p1.focus_steps, lr=p1.focus_lr, warmup_steps=max(p1.focus_steps // 10, 1))
+    layers = list(p1.focus_layers)
     pool = run.tokens[: p1.focus_pool * p1.seq_len]
-    return _attention_transfer(run, "phase1-focus", section, list(p1.focus_layers), teacher, stream=pool, pool=True)
+    if p1.focus_inputs == "teacher":
+        return _attention_transfer(run, "phase1-focus", section, layers, teacher, stream=pool, pool=True)
+    with blocks_in(teacher, run.student, _other_layers(run.student, layers)) as hybrid:
+        return _attention_transfer(run, "phase1-focus", section, layers, hybrid, stream=pool, pool=True)
+
+
+def _other_layers(student: nn.Module, layers: list[int]) -> list[int]:
+    return [i for i in range(len(student.model.layers)) if i not in layers]
 
 
 def run_phase2(run: ConversionRun, teacher) -> PhaseResult:
@@ -450,8 +462,7 @@ def run_phase2_refit(run: ConversionRun, teacher, probe: torch.Tensor) -> tuple[
     p1, p2, student = run.recipe.phase1, run.recipe.phase2, run.student
     layers = list(p2.refit_layers)
     section = replace(p1, steps=p2.refit_steps, lr=p2.refit_lr, warmup_steps=max(p2.refit_steps // 10, 1))
-    others = [i for i in range(len(student.model.layers)) if i not in layers]
-    with blocks_in(teacher, student, others) as hybrid:
+    with blocks_in(teacher, student, _other_layers(student, layers)) as hybrid:
         before = attention_transfer_errors(student, hybrid, probe, layers)
         pool = run.phase2_stream[: p2.refit_pool * p1.seq_len]
         result = _attention_transfer(run, "phase2-refit", section, layers, hybrid, stream=pool, pool=True)

@@ -92,6 +92,7 @@ class Phase1Section(PhaseSection):
     focus_steps: int = 0  # > 0: that many extra attention-transfer steps on focus_layers only ("phase1-focus")
     focus_lr: float = 1e-3  # their peak learning rate (warm-up 10% of focus_steps, then phase1.schedule)
     focus_pool: int = 48  # sequences of phase1.seq_len they cycle over, the teacher's I/O captured once each
+    focus_inputs: str = "teacher"  # teacher = the teacher's residual stream | converted = the converted model's (blocks elsewhere)
     teacher_dtype: str | None = None  # dtype of the teacher pass that feeds attention transfer (null = base.dtype)
     compile: bool = False  # torch.compile the blocks that attention transfer trains (phase 1, its focus, the phase-2 refit)
 
@@ -149,6 +150,7 @@ CHOICES = {
     "harmonic.feature_map": {"identity", "hedgehog", "taylor"},
     "harmonic.update_rule": {"sum", "delta"},
     "phase1.schedule": {"cosine", "linear", "constant"},
+    "phase1.focus_inputs": {"teacher", "converted"},
     "phase2.schedule": {"cosine", "linear", "constant"},
     "train.mixed_precision": {"auto", "no", "bf16", "fp16"},
     "train.on_nan": {"stop", "skip"},

@@ -290,6 +290,40 @@ def test_focus_trains_only_the_focus_layers_and_phase2_alone_restores_it(convert
     assert again["attention_transfer"]["normalised_mse"]["phase1-focus"] == pytest.approx(stages["phase1-focus"], rel=1e-5)
 
 
+def test_focus_on_converted_inputs_runs_among_the_blocks_and_restores_the_teacher(tmp_path, monkeypatch):
+    """`phase1.focus_inputs: converted` fits the focus blocks inside the teacher with the student's
+    blocks in every other layer (their inputs are the converted model's), the teacher's own
+    attention still in the focus layers (it supplies the targets); the teacher is whole afterwards,
+    and the fit differs from the one on the teacher's own stream."""
+    from hallamonic.convert.phases import BlockAsAttention
+
+    seen = []
+    transfer = pipeline._attention_transfer
+
+    def spy(run, name, section, layers, teacher, **kwargs):
+        if name == "phase1-focus":
+            seen.append({i: layer.self_attn for i, layer in enumerate(teacher.model.layers)})
+            seen.append(run.student)
+            seen.append(teacher)
+        return transfer(run, name, section, layers, teacher, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_attention_transfer", spy)
+    focus = FAST + ["phase1.focus_steps=3", "phase1.focus_layers=[1]", "phase1.focus_pool=2", "phase2.steps=0"]
+    weights = {}
+    for inputs in ("converted", "teacher"):
+        seen.clear()
+        convert(load_recipe("tiny", focus + [f"phase1.focus_inputs={inputs}"]), tmp_path / inputs)
+        attentions, student, teacher = seen
+        swapped = {i for i, attention in attentions.items() if isinstance(attention, BlockAsAttention)}
+        assert swapped == ({0} if inputs == "converted" else set())
+        if inputs == "converted":
+            assert attentions[0].block is student.model.layers[0].mixer
+        assert not any(isinstance(layer.self_attn, BlockAsAttention) for layer in teacher.model.layers)  # restored
+        last = list_checkpoints(tmp_path / inputs / "training" / "checkpoints" / "phase1-focus")[-1]
+        weights[inputs] = load_file(last / "weights.safetensors")
+    assert any(not torch.equal(weights["converted"][k], weights["teacher"][k]) for k in weights["teacher"])
+
+
 def test_refit_trains_only_its_layers_after_phase2_and_resumes(tmp_path):
     """`phase2.refit_steps` runs a "phase2-refit" after phase 2 that moves the refit layers' blocks
     only -- even a layer phase 2 held frozen -- reports their error on the converted model's inputs
