@@ -4,7 +4,8 @@ as it stood after each phase, rebuilt from its checkpoints.
 Phase 1 and phase1-focus train only the mixers, and their checkpoints hold exactly the trained
 tensors, so the model at the end of phase 1 is the converted model with every mixer loaded from
 phase 1's last checkpoint, and at the end of phase1-focus that plus the focus layers from its last
-checkpoint. The converted model itself is the end of phase 2.
+checkpoint. The converted model itself is the end of phase 2, or of its refit when it had one (then
+the end of phase 2 is the focus state plus phase 2's checkpoint: phase 2 does not train the refit layer).
 
 Usage: python phase_states.py CONVERTED_DIR [--limit 300]  (one line per state to phase_states.jsonl)
 """
@@ -46,6 +47,9 @@ def main() -> None:
     checkpoints = Path(args.converted) / "training" / "checkpoints"
     states = [("end of phase 2 (the converted model)", []), ("end of phase 1", ["phase1"]),
               ("end of phase1-focus", ["phase1", "phase1-focus"])]
+    if (checkpoints / "phase2-refit").is_dir():  # the converted model is the refit's end; phase 2's end is before it
+        states[0] = ("end of phase2-refit (the converted model)", [])
+        states.append(("end of phase 2, before the refit", ["phase1", "phase1-focus", "phase2"]))
     for name, phases in states:
         start = time.time()
         model, tokenizer = load_causal_lm(args.converted)
