@@ -397,10 +397,9 @@ def run_phase1_focus(run: ConversionRun, teacher) -> PhaseResult:
     section = replace(p1, steps=p1.focus_steps, lr=p1.focus_lr, warmup_steps=max(p1.focus_steps // 10, 1))
     layers = list(p1.focus_layers)
     pool = run.tokens[: p1.focus_pool * p1.seq_len]
-    if p1.focus_inputs == "teacher":
-        return _attention_transfer(run, "phase1-focus", section, layers, teacher, stream=pool, pool=True)
-    with blocks_in(teacher, run.student, _other_layers(run.student, layers)) as hybrid:
-        return _attention_transfer(run, "phase1-focus", section, layers, hybrid, stream=pool, pool=True)
+    on_converted = p1.focus_inputs == "converted"
+    with blocks_in(teacher, run.student, _other_layers(run.student, layers) if on_converted else []) as source:
+        return _attention_transfer(run, "phase1-focus", section, layers, source, stream=pool, pool=True)
 
 
 def _other_layers(student: nn.Module, layers: list[int]) -> list[int]:
