@@ -22,13 +22,20 @@
   so the parameter count matches (attention is 4 d^2 per layer, a HarmonicBlock ~3.3 d^2).
 - ``mamba``: transformers' Mamba (its PyTorch path without CUDA kernels), ``mamba_layers`` blocks;
   its hidden size is fitted to match.
+- ``mamba-llama-layout``: transformers' ``MambaMixer`` (``mamba_state_size``, ``mamba_expand``, Mamba's
+  init) where Harmonic's block sits, in the Llama layout the converter keeps (the transformer's
+  layers with the mixer in attention's place; MLP width fitted). Mamba's own layout (mixers only, no
+  MLP) and Harmonic's differ, and at 1M parameters on enwik8 the layout is most of the gap between
+  them: this row compares the mixers alone (evals/results/study-enwik8-cpu-layout).
 
 Untied input and output embeddings everywhere, so no model gets a parameter discount.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from functools import cache
 
 import torch
 from torch import nn
@@ -57,7 +64,59 @@ def _model_class(config):
 
     from hallamonic.modeling import HallamonicForCausalLM
 
+    if getattr(config, "mixer", None) == "mamba":
+        return _llama_with_mamba_mixers()
     return {"hallamonic": HallamonicForCausalLM, "llama": LlamaForCausalLM, "mamba": MambaForCausalLM}[config.model_type]
+
+
+class MambaMixerInAttentionSlot(nn.Module):
+    """transformers' MambaMixer called the way a Llama layer calls its attention."""
+
+    def __init__(self, mamba_config, layer_idx: int):
+        super().__init__()
+        from transformers.models.mamba.modeling_mamba import MambaMixer
+
+        self.mixer = MambaMixer(mamba_config, layer_idx)
+
+    def forward(self, hidden_states: torch.Tensor, **_attention_kwargs) -> tuple[torch.Tensor, None]:
+        return self.mixer(hidden_states), None  # (B, L, hidden); causal by construction, no mask needed
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """Mamba's own init (MambaPreTrainedModel._init_weights): linears normal(0, std), then S4D-real
+        A, D = 1, dt's bias over [dt_min, dt_max], kaiming conv and out_proj."""
+        for module in self.mixer.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.normal_(0.0, std)
+                if module.bias is not None:
+                    module.bias.zero_()
+        self.mixer.init_mamba_weights()
+        nn.init.kaiming_uniform_(self.mixer.conv1d.weight, a=math.sqrt(5))
+        if self.mixer.conv1d.bias is not None:
+            self.mixer.conv1d.bias.zero_()
+        nn.init.kaiming_uniform_(self.mixer.out_proj.weight, a=math.sqrt(5))
+
+
+@cache  # one class, so every model built is an instance of the same type
+def _llama_with_mamba_mixers():
+    from transformers import LlamaForCausalLM, MambaConfig
+
+    class LlamaWithMambaMixers(LlamaForCausalLM):
+        """The Llama layout with every attention replaced by a Mamba mixer (``mamba-llama-layout``)."""
+
+        def __init__(self, config):
+            super().__init__(config)
+            mamba_config = MambaConfig(
+                hidden_size=config.hidden_size, state_size=config.mamba_state_size, expand=config.mamba_expand,
+                num_hidden_layers=config.num_hidden_layers, initializer_range=config.initializer_range,
+                use_mambapy=True,  # parallel scan in PyTorch for training without CUDA kernels
+            )
+            for index, layer in enumerate(self.model.layers):
+                layer.self_attn = MambaMixerInAttentionSlot(mamba_config, index)
+                if not layer.self_attn.mixer.A_log.is_meta:  # count_parameters builds on the meta device
+                    layer.self_attn.reset_parameters(config.initializer_range)
+
+    return LlamaWithMambaMixers
 
 
 def count_parameters(config) -> int:
@@ -111,6 +170,13 @@ def transformer_config(shape: StudyModelSection, vocab_size: int, intermediate_s
         max_position_embeddings=max_length, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
         attn_implementation="sdpa", **_init_scale(shape),
     )
+
+
+def mamba_llama_layout_config(shape: StudyModelSection, vocab_size: int, intermediate_size: int, max_length: int):
+    """The transformer's config, marked for Mamba mixers in its attention slots (``mamba-llama-layout``)."""
+    config = transformer_config(shape, vocab_size, intermediate_size, max_length)
+    config.mixer, config.mamba_state_size, config.mamba_expand = "mamba", shape.mamba_state_size, shape.mamba_expand
+    return config
 
 
 def mamba_config(shape: StudyModelSection, vocab_size: int, hidden_size: int):
@@ -181,6 +247,9 @@ def build_architectures(
         elif name == "transformer":
             widths = range(8, 16 * shape.intermediate_size + 8, 8)
             config, params = _fit(lambda w: transformer_config(shape, vocab_size, w, max_length), widths, target)
+        elif name == "mamba-llama-layout":
+            widths = range(8, 16 * shape.intermediate_size + 8, 8)
+            config, params = _fit(lambda w: mamba_llama_layout_config(shape, vocab_size, w, max_length), widths, target)
         elif name == "mamba":
             widths = range(2, 4 * shape.hidden_size + 2, 2)
             config, params = _fit(lambda w: mamba_config(shape, vocab_size, w), widths, target)

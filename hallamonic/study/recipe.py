@@ -19,7 +19,7 @@ STUDY_RECIPES_DIR = RECIPES_DIR / "study"
 ARCHITECTURES = (
     "harmonic", "transformer", "mamba", "harmonic-no-hierarchy", "harmonic-raw-states",
     "harmonic-output-gate", "harmonic-short-conv", "harmonic-diagonal", "harmonic-one-level",
-    "harmonic-two-level", "harmonic-two-level-no-hierarchy", "harmonic-two-level-raw-states",
+    "harmonic-two-level", "harmonic-two-level-no-hierarchy", "harmonic-two-level-raw-states", "mamba-llama-layout",
 )
 # `model.timescale_bands: context`: at every training context C, three levels with edges at C^(1/3)
 # and C^(2/3). Why: at 256, [[1, 6], [6, 40], [40, 256]] beat the fixed [[1, 16], [16, 256],
@@ -70,8 +70,8 @@ class StudyModelSection:
     maps_from_value: bool = False  # Harmonic: write / read vectors are maps of u instead of x (as Mamba's B / C)
     value_skip: bool = False  # Harmonic: add D * u to the mixer output (Mamba's D)
     mamba_layers: int | None = None  # Mamba blocks (null = 2 x num_layers: a Mamba block has no MLP)
-    mamba_state_size: int = 16  # Mamba's SSM state per channel (N)
-    mamba_expand: int = 2  # Mamba's inner width factor; its hidden size is fitted to match parameters
+    mamba_state_size: int = 16  # Mamba's SSM state per channel (N); also mamba-llama-layout's mixers
+    mamba_expand: int = 2  # Mamba's inner width factor; its hidden size is fitted to match parameters; mamba-llama-layout's mixers expand alike
     param_tolerance: float = 0.05  # baselines must be within this fraction of the Harmonic parameter count
     initializer_range: float | None = None  # std of every freshly drawn weight of all three models (null = each config's default: 0.02 Harmonic / Llama, 0.1 Mamba)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hallamonic.study.recipe import ARCHITECTURES, StudyRecipe
 
-BASELINES = ("transformer", "mamba")
+BASELINES = ("transformer", "mamba", "mamba-llama-layout")  # the last: Mamba's mixer in Harmonic's layout
 VARIANTS = tuple(name for name in ARCHITECTURES if name.startswith("harmonic-"))  # rows set against `harmonic`
 
 

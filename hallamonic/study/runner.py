@@ -194,7 +194,8 @@ def _record_failure(out: Path, arch: Architecture, context: int, corpus: StudyCo
 
 def implementation(arch: Architecture) -> str:
     """Which code path trains the model: Mamba's differ by orders of magnitude in memory and speed."""
-    if arch.config.model_type != "mamba":
+    mamba_mixers = getattr(arch.config, "mixer", None) == "mamba"
+    if arch.config.model_type != "mamba" and not mamba_mixers:
         return "hallamonic scan" if arch.config.model_type == "hallamonic" else "torch sdpa attention"
     from transformers.utils.import_utils import is_mambapy_available
 

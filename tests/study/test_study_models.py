@@ -115,3 +115,24 @@ def test_two_level_splits_the_span_geometrically_with_the_mlp_fitted():
     assert shared.config.timescale_bands == two.config.timescale_bands and shared.params == two.params
     assert full.config.intermediate_size < two.config.intermediate_size
     assert abs(two.params - full.params) <= 0.02 * full.params and two.params == count_parameters(two.config)
+
+
+def test_mamba_llama_layout_puts_mambas_own_mixer_in_every_attention_slot():
+    """The mixer-only comparison: Llama's layers and MLP (fitted), Mamba's mixer and init, no attention, causal."""
+    archs = build_architectures(SHAPE, 256, ["harmonic", "transformer", "mamba-llama-layout"], 256)
+    arch = archs["mamba-llama-layout"]
+    assert arch.config.intermediate_size != archs["transformer"].config.intermediate_size  # fitted on its own
+    model = arch.build(0)
+    assert len(model.model.layers) == SHAPE.num_layers
+    for layer in model.model.layers:
+        mixer = layer.self_attn.mixer
+        assert type(mixer).__name__ == "MambaMixer" and not hasattr(layer.self_attn, "q_proj")
+        assert mixer.intermediate_size == SHAPE.mamba_expand * SHAPE.hidden_size
+        assert torch.allclose(mixer.A_log.exp()[0], torch.arange(1.0, SHAPE.mamba_state_size + 1))  # S4D-real A
+        assert torch.equal(mixer.D, torch.ones_like(mixer.D))
+    x = torch.randint(0, 256, (1, 24))
+    changed = x.clone()
+    changed[:, 16:] = (changed[:, 16:] + 1) % 256
+    before, after = (model(input_ids=ids, use_cache=False).logits for ids in (x, changed))
+    assert torch.equal(before[:, :16], after[:, :16])  # nothing reads the future
+    assert not torch.equal(before[:, 16:], after[:, 16:])

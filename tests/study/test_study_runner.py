@@ -167,6 +167,17 @@ def test_variants_trained_without_harmonic_still_get_their_gaps(tmp_path, tiny_o
     assert "gap vs transformer" not in table and "- harmonic (bits)" not in table  # no rows of dashes only
 
 
+def test_mambas_mixer_in_the_llama_layout_trains_and_is_a_baseline_of_the_report(tmp_path, tiny_overrides):
+    recipe = load_study_recipe("study-ci", tiny_overrides + ["models=[harmonic, mamba-llama-layout]", "contexts=[32]"])
+    results = runner.run_study(recipe, tmp_path, echo=lambda *_: None)
+    bits = {name: entry["bits"]["32"] for name, entry in results["models"].items()}
+    gap = results["gap_percent"]["mamba-llama-layout"]["32"]
+    assert gap == pytest.approx(100 * (bits["mamba-llama-layout"] - bits["harmonic"]) / bits["mamba-llama-layout"])
+    assert f"| gap vs mamba-llama-layout | | {gap:+.2f}% |" in (tmp_path / "results.md").read_text()
+    record = json.loads((tmp_path / "runs" / "mamba-llama-layout" / "ctx-32" / "result.json").read_text())
+    assert record["implementation"].startswith(("transformers PyTorch path", "mamba_ssm"))  # not "attention"
+
+
 def test_context_bands_train_each_context_with_its_own_bands(tmp_path, tiny_overrides):
     from hallamonic.study.recipe import context_bands
 
