@@ -14,7 +14,9 @@
 #    warm-step tokens/s (the memory and speed targets), as the recipe says and with
 #    model.recompute_mixer (each block recomputed in backward).
 # Each stage has its own timeout; a stage that fails does not stop the next. STAGES picks stages
-# (default "selective quality memory"); TAG names the memory results (memory-$TAG-*.json).
+# (default "selective quality memory"); TAG names the memory results (memory-$TAG-*.json);
+# MODELS the quality stage's models (default harmonic,harmonic-one-level,transformer,mamba; add
+# mamba-llama-layout, Mamba's mixer in Harmonic's layout, with Q1K_S / Q8K_S raising the stage timeouts).
 # CPU smoke test of the script itself: SMOKE=1 OUT=/tmp/sg bash benchmarks/study_gpu.sh
 set -u
 OUT=${OUT:-benchmarks/gpu_results/study}
@@ -52,10 +54,11 @@ elif has selective; then
 fi
 H="$PY -m hallamonic.cli study $RECIPE"
 if has quality; then
-stage quality-1k 150 $H -o "$SCRATCH/quality" --overwrite "${SETS[@]}" --set "contexts=[$((LONG_CTX / 8))]" \
-  --set "models=[harmonic,harmonic-one-level,transformer,mamba]"
-stage quality-8k 240 $H -o "$SCRATCH/quality" --resume "${SETS[@]}" --set "contexts=[$((LONG_CTX / 8)),$LONG_CTX]" \
-  --set "models=[harmonic,harmonic-one-level,transformer,mamba]"
+MODELS=${MODELS:-harmonic,harmonic-one-level,transformer,mamba}
+stage quality-1k "${Q1K_S:-150}" $H -o "$SCRATCH/quality" --overwrite "${SETS[@]}" --set "contexts=[$((LONG_CTX / 8))]" \
+  --set "models=[$MODELS]"
+stage quality-8k "${Q8K_S:-240}" $H -o "$SCRATCH/quality" --resume "${SETS[@]}" --set "contexts=[$((LONG_CTX / 8)),$LONG_CTX]" \
+  --set "models=[$MODELS]"
 cp "$SCRATCH/quality/results.json" "$OUT/quality.json" 2>/dev/null; cp "$SCRATCH/quality/results.md" "$OUT/quality.md" 2>/dev/null
 tar czf "$OUT/quality-runs.tgz" -C "$SCRATCH" quality 2>/dev/null  # every run's result.json and curve, also when a stage timed out
 fi
