@@ -64,9 +64,14 @@ def _model_class(config):
 
     from hallamonic.modeling import HallamonicForCausalLM
 
-    if getattr(config, "mixer", None) == "mamba":
+    if has_mamba_mixers(config):
         return _llama_with_mamba_mixers()
     return {"hallamonic": HallamonicForCausalLM, "llama": LlamaForCausalLM, "mamba": MambaForCausalLM}[config.model_type]
+
+
+def has_mamba_mixers(config) -> bool:
+    """Whether ``config`` is ``mamba-llama-layout``'s: a Llama config marked by mamba_llama_layout_config."""
+    return getattr(config, "mixer", None) == "mamba"
 
 
 class MambaMixerInAttentionSlot(nn.Module):

@@ -29,7 +29,7 @@ import yaml
 from hallamonic.data import DataError
 from hallamonic.evaluation.scoring import is_out_of_memory, score_tokens
 from hallamonic.study.data import StudyCorpus, load_study_corpus
-from hallamonic.study.models import Architecture, build_architectures, count_parameters, harmonic_config
+from hallamonic.study.models import Architecture, build_architectures, count_parameters, harmonic_config, has_mamba_mixers
 from hallamonic.study.recipe import ARCHITECTURES, StudyRecipe
 from hallamonic.study.report import write_report
 from hallamonic.training.checkpoint import latest_checkpoint
@@ -194,8 +194,7 @@ def _record_failure(out: Path, arch: Architecture, context: int, corpus: StudyCo
 
 def implementation(arch: Architecture) -> str:
     """Which code path trains the model: Mamba's differ by orders of magnitude in memory and speed."""
-    mamba_mixers = getattr(arch.config, "mixer", None) == "mamba"
-    if arch.config.model_type != "mamba" and not mamba_mixers:
+    if arch.config.model_type != "mamba" and not has_mamba_mixers(arch.config):
         return "hallamonic scan" if arch.config.model_type == "hallamonic" else "torch sdpa attention"
     from transformers.utils.import_utils import is_mambapy_available
 

@@ -20,10 +20,11 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from hallamonic.study.data import load_study_corpus
-from hallamonic.study.models import Architecture, harmonic_config
+from hallamonic.study.models import Architecture, count_parameters, harmonic_config
 from hallamonic.study.recipe import load_study_recipe
 from hallamonic.study.runner import train_one
 
@@ -56,7 +57,9 @@ def layout_config(shape, context: int, hidden: int, *, levels: int, expand: int,
 
 
 def count(config) -> int:
-    return sum(p.numel() for p in MambaLayoutHarmonic("x", config, 0).build(0).parameters())
+    """Parameters once the MLPs are gone (built on the meta device: no memory, no init)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in MambaLayoutHarmonic("x", config, 0).build(0).parameters())
 
 
 def main() -> None:
@@ -67,7 +70,7 @@ def main() -> None:
     name, *flags = args.variant.split(",")
     opts = {"levels": "3", "expand": "2", "gate_rank": "hidden", "layers": "8"} | dict(f.split("=") for f in flags)
     recipe = load_study_recipe("study-enwik8-cpu", [f"seed={args.seed}", f"contexts=[{args.context}]", "train.save_weights=false"])
-    target = 1_015_056  # the study's harmonic row
+    target = count_parameters(harmonic_config(recipe.model, 256, args.context))  # the study's harmonic row
     make = lambda h: layout_config(  # noqa: E731
         recipe.model, args.context, h, levels=int(opts["levels"]), expand=int(opts["expand"]),
         gate_rank=None if opts["gate_rank"] == "none" else opts["gate_rank"], layers=int(opts["layers"]),
