@@ -47,7 +47,7 @@ stage smoke 75 $PY "${BENCH[@]}" --device cuda --check-only --cases 5 --json "$O
 stage bench 60 $PY "${BENCH[@]}" --device cuda --json "$OUT/bench.json"
 stage check 60 $PY "${BENCH[@]}" --device cuda --check-only --json "$OUT/check_full.json"
 stage sweep 90 $PY "${BENCH[@]}" --device cuda --sweep "$SWEEP" --json "$OUT/sweep.json"
-stage selective 120 $PY -c 'import runpy, sys, types
+stage selective 200 $PY -c 'import runpy, sys, types
 for name, path in (("hallamonic", "hallamonic"), ("hallamonic.modeling", "hallamonic/modeling"), ("hallamonic.bench", "hallamonic/bench")):
     mod = types.ModuleType(name); mod.__path__ = [path]; sys.modules[name] = mod
 sys.argv[0] = "hallamonic.bench.selective"

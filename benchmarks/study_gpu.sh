@@ -50,7 +50,7 @@ if [ -n "${SMOKE:-}" ]; then  # tiny shapes on CPU: checks the command lines, no
         --set eval.tokens=1024 --set train.save_weights=false --set train.checkpoint_every=0)
   MEM_SETS=(--set data.path="$DATA/enwik8_prefix.xml" --set "models=[harmonic,transformer]" --set "memory.lengths=[256,512]")
 elif has selective; then
-  stage selective 90 $PY -m hallamonic.bench.selective --json "$OUT/selective.json"
+  stage selective 180 $PY -m hallamonic.bench.selective --json "$OUT/selective.json"
 fi
 H="$PY -m hallamonic.cli study $RECIPE"
 if has quality; then

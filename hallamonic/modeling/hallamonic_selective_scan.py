@@ -57,6 +57,8 @@ BACKENDS = ("auto", "reference", "chunked", "triton")
 # (`python -m hallamonic.bench.selective`, evals/results/study-enwik8-28m-h200): outputs and every
 # gradient within 1.3e-6 of the chunked path; forward + backward 5.4x faster at (1, 100, 2, 36, 16)
 # and 2.9x at (1, 65536, 8, 64, 16), but 0.35x at (2, 4096, 9, 64, 64) (N = 64, a conversion's head_dim).
+# That kernel ran one program per (batch, head); it now splits the value channels (VALUE_BLOCK), which
+# should lift N = 64 most, but is unmeasured on a GPU: raise this only after the bench says so.
 AUTO_TRITON_MAX_STATE = 32
 
 

@@ -5,9 +5,10 @@
 Shapes: b, log_a (B, L, H, P); write k, read q (B, L, H, N); states (B, H, P, N); all contiguous.
 Arithmetic is fp32 whatever the input dtype (dots in IEEE fp32, not TF32).
 
-Design: one program per (batch, head) walks the sequence in chunks of CHUNK steps and keeps the
-(P, N) state in registers; inside a chunk everything is a matmul, exactly as the chunked PyTorch
-twin (``hallamonic_selective_scan.chunked_selective_scan``):
+Design: one program per (batch, head, block of VALUE_BLOCK value channels) walks the sequence in
+chunks of CHUNK steps and keeps its (BP, N) slice of the state in registers; inside a chunk
+everything is a matmul, exactly as the chunked PyTorch twin
+(``hallamonic_selective_scan.chunked_selective_scan``):
 
     cum   = cumsum(log a)  within the chunk, m its middle row, e its last row
     y     = exp(cum - m) * (tril(q k^T) @ (exp(m - cum) * b))  +  exp(cum) * (q @ S^T)
@@ -23,6 +24,15 @@ backward walks the chunks in reverse with the state gradient dS in registers:
     db    = exp(m - cum) * (tril(q k^T)^T @ (dy * exp(cum - m))) + exp(e - cum) * (k @ dS^T)
     dcum  = dy * y - b * db  (+ sum_n dS * S_out on the last row);  dlog_a = reverse cumsum(dcum)
     dS   <- exp(e) * dS + (dy * exp(cum))^T @ q
+
+Why the value channels are split: each row of S decays on its own (the decay is per value channel),
+so rows never interact and a block of rows is an independent problem. One program per (batch, head)
+held the whole (P, N) state -- at a conversion's P = N = 64 three such tiles live in the backward
+(S_in, S_out, dS), more than a program's registers -- and launched only B x H programs (18 at batch
+2 with SmolLM2's 9 heads, for an H200's 132 SMs): the kernel measured 0.35x the PyTorch path there.
+Splitting P multiplies the programs by P / BP and divides each program's tiles by it, at the cost of
+recomputing the (C, C) scores q k^T per block. dq and dk sum over all rows, so each block writes its
+partial sums and the host adds them (one (P / BP, B, L, H, N) buffer each; nothing extra for one block).
 
 Every exponent stays below CHUNK/2 * MAX_DECAY_RATE because callers clamp log a >= -3.
 
@@ -48,6 +58,7 @@ else:  # pragma: no cover - exercised where triton is not installed
 __all__ = ["triton_selective_scan", "triton_available"]
 
 CHUNK = 32  # steps per chunk (tl.dot needs every dimension >= 16)
+VALUE_BLOCK = 32  # value channels per program (a power of two >= 16); see "Why the value channels are split"
 
 
 # The plain functions are wrapped by ``triton.jit`` in :func:`_kernels` on first use, helpers
@@ -88,11 +99,11 @@ if _HAS_TRITON:
         L, H, P, N, NCH,
         HAS_S0: tl.constexpr, CHUNK: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     ):
-        pid = tl.program_id(0)
+        pid = tl.program_id(0)  # (batch, head)
         bi = pid // H
         hi = pid % H
         rows = tl.arange(0, CHUNK)
-        cp = tl.arange(0, BP)
+        cp = tl.program_id(1) * BP + tl.arange(0, BP)  # this program's value channels
         cn = tl.arange(0, BN)
         state_offsets = cp[:, None] * N + cn[None, :]  # (P, N) inside one state
         state_mask = (cp[:, None] < P) & (cn[None, :] < N)
@@ -119,11 +130,13 @@ if _HAS_TRITON:
         L, H, P, N, NCH,
         HAS_DFINAL: tl.constexpr, CHUNK: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     ):
-        pid = tl.program_id(0)
+        pid = tl.program_id(0)  # (batch, head)
+        pb = tl.program_id(1)  # block of value channels: dk, dq go to its slice of the partial sums
         bi = pid // H
         hi = pid % H
         rows = tl.arange(0, CHUNK)
-        cp = tl.arange(0, BP)
+        cp = pb * BP + tl.arange(0, BP)
+        partial = pb * (tl.num_programs(0) // H) * L * H * N  # offset of this block's (B, L, H, N) partial dk / dq
         cn = tl.arange(0, BN)
         state_offsets = cp[:, None] * N + cn[None, :]
         state_mask = (cp[:, None] < P) & (cn[None, :] < N)
@@ -158,8 +171,8 @@ if _HAS_TRITON:
             dla = tl.reduce(dcum, 0, _add)[None, :] - tl.associative_scan(dcum, 0, _add) + dcum  # reverse cumsum
             tl.store(db_ptr + base[:, None] * P + cp[None, :], db, mask=mp)
             tl.store(dla_ptr + base[:, None] * P + cp[None, :], dla, mask=mp)
-            tl.store(dk_ptr + base[:, None] * N + cn[None, :], dk, mask=mn)
-            tl.store(dq_ptr + base[:, None] * N + cn[None, :], dq, mask=mn)
+            tl.store(dk_ptr + partial + base[:, None] * N + cn[None, :], dk, mask=mn)
+            tl.store(dq_ptr + partial + base[:, None] * N + cn[None, :], dq, mask=mn)
             dS = tl.exp(last)[:, None] * dS + tl.dot(tl.trans(dy_full), q, input_precision="ieee")  # (P, N)
         tl.store(ds0_ptr + pid * P * N + state_offsets, dS, mask=state_mask)
 
@@ -181,13 +194,15 @@ def _kernels():
     return _KERNELS[mode][1:]
 
 
-def _blocks(P: int, N: int) -> tuple[int, int]:
-    return max(16, triton.next_power_of_2(P)), max(16, triton.next_power_of_2(N))
+def _blocks(P: int, N: int, value_block: int) -> tuple[int, int, int]:
+    """Tile sizes (BP, BN) and the number of value-channel blocks."""
+    BP = min(max(16, triton.next_power_of_2(P)), value_block)
+    return BP, max(16, triton.next_power_of_2(N)), -(-P // BP)
 
 
 class _TritonSelectiveScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, b, log_a, write, read, initial_state):
+    def forward(ctx, b, log_a, write, read, initial_state, value_block):
         b, log_a, write, read = (t.contiguous() for t in (b, log_a, write, read))
         batch, length, heads, channels = b.shape
         state_size = write.shape[-1]
@@ -197,14 +212,15 @@ class _TritonSelectiveScan(torch.autograd.Function):
         states = torch.empty(batch, heads, chunks, channels, state_size, device=b.device, dtype=torch.float32)
         final = torch.empty(batch, heads, channels, state_size, device=b.device, dtype=torch.float32)
         s0 = initial_state.float().contiguous() if initial_state is not None else final  # unused without HAS_S0
-        BP, BN = _blocks(channels, state_size)
-        forward_kernel[(batch * heads,)](
+        BP, BN, blocks = _blocks(channels, state_size, value_block)
+        forward_kernel[(batch * heads, blocks)](
             b, log_a, write, read, s0, y, states, final, length, heads, channels, state_size, chunks,
             HAS_S0=initial_state is not None, CHUNK=CHUNK, BP=BP, BN=BN,
         )
         ctx.save_for_backward(b, log_a, write, read, states)
         ctx.dtypes = (b.dtype, log_a.dtype, write.dtype, read.dtype)
         ctx.initial_state = None if initial_state is None else initial_state.dtype
+        ctx.value_block = value_block
         return y, final
 
     @staticmethod
@@ -217,23 +233,27 @@ class _TritonSelectiveScan(torch.autograd.Function):
         dy = dy.float().contiguous() if dy is not None else torch.zeros_like(b, dtype=torch.float32)
         db = torch.empty(b.shape, device=b.device, dtype=torch.float32)
         dla = torch.empty_like(db)
-        dk = torch.empty(write.shape, device=b.device, dtype=torch.float32)
-        dq = torch.empty_like(dk)
         ds0 = torch.empty(batch, heads, channels, state_size, device=b.device, dtype=torch.float32)
-        BP, BN = _blocks(channels, state_size)
-        backward_kernel[(batch * heads,)](
+        BP, BN, blocks = _blocks(channels, state_size, ctx.value_block)
+        dk = torch.empty(blocks, *write.shape, device=b.device, dtype=torch.float32)  # per block's partial sums
+        dq = torch.empty_like(dk)
+        backward_kernel[(batch * heads, blocks)](
             b, log_a, write, read, dy, states, dfinal.float().contiguous() if dfinal is not None else ds0,
             db, dla, dk, dq, ds0, length, heads, channels, state_size, chunks,
             HAS_DFINAL=dfinal is not None, CHUNK=CHUNK, BP=BP, BN=BN,
         )
+        dk, dq = (d[0] if blocks == 1 else d.sum(0) for d in (dk, dq))  # (B, L, H, N)
         b_dtype, la_dtype, k_dtype, q_dtype = ctx.dtypes
         grad_s0 = ds0.to(ctx.initial_state) if ctx.initial_state is not None else None
-        return db.to(b_dtype), dla.to(la_dtype), dk.to(k_dtype), dq.to(q_dtype), grad_s0
+        return db.to(b_dtype), dla.to(la_dtype), dk.to(k_dtype), dq.to(q_dtype), grad_s0, None
 
 
-def triton_selective_scan(b, log_a, write, read, initial_state=None):
+def triton_selective_scan(b, log_a, write, read, initial_state=None, value_block: int = VALUE_BLOCK):
     """(y, final state) of the selective recurrence, both fp32; differentiable in every input.
-    Inputs are validated by :func:`hallamonic_selective_scan.selective_scan`."""
+    Inputs are validated by :func:`hallamonic_selective_scan.selective_scan`. ``value_block``: value
+    channels per program (a power of two >= 16; benchmarks compare settings)."""
     if not triton_available():
         raise RuntimeError("triton_selective_scan needs triton with CUDA, or TRITON_INTERPRET=1")
-    return _TritonSelectiveScan.apply(b, log_a, write, read, initial_state)
+    if value_block < 16 or value_block & (value_block - 1):
+        raise ValueError(f"triton_selective_scan: value_block must be a power of two >= 16, got {value_block}")
+    return _TritonSelectiveScan.apply(b, log_a, write, read, initial_state, value_block)

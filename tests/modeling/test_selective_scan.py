@@ -140,23 +140,39 @@ needs_triton = pytest.mark.skipif(not _HAS_TRITON, reason="triton is not install
 @pytest.mark.triton
 @needs_triton
 @pytest.mark.parametrize(
-    "shape, length, decay, initial",
+    "shape, length, decay, initial, value_block",
     [
-        ((1, 1, 16, 16), 1, "any", False),  # length 1
-        ((2, 2, 12, 16), 40, "any", True),  # odd channels, a partial last chunk
-        ((1, 1, 36, 16), 70, "near-0", True),
-        ((1, 3, 8, 20), 33, "near-1", False),  # state size not a power of two
+        ((1, 1, 16, 16), 1, "any", False, 32),  # length 1
+        ((2, 2, 12, 16), 40, "any", True, 32),  # odd channels, a partial last chunk
+        ((1, 1, 36, 16), 70, "near-0", True, 32),  # two value blocks, the second partial
+        ((1, 3, 8, 20), 33, "near-1", False, 32),  # state size not a power of two
+        ((2, 2, 40, 24), 45, "any", True, 16),  # three value blocks: dk / dq summed over blocks
+        ((1, 2, 64, 64), 35, "any", True, 64),  # one block holds a conversion's whole (64, 64) state
     ],
 )
-def test_triton_matches_reference(monkeypatch, shape, length, decay, initial):
-    """The fused kernel (interpreted on CPU) against the plain loop: outputs, final state, all gradients."""
+def test_triton_matches_reference(monkeypatch, shape, length, decay, initial, value_block):
+    """The fused kernel (interpreted on CPU) against the plain loop: outputs, final state, all gradients,
+    with the value channels in one block or split over several programs."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from hallamonic.modeling.hallamonic_selective_scan_triton import triton_selective_scan
+
     batch, heads, channels, state = shape
     tensors, h0 = inputs(batch, length, heads, channels, state, decay, torch.float32, initial)
     ref = run(reference_selective_scan, tensors, h0)
-    fused = run(lambda *args: selective_scan(*args, backend="triton"), tensors, h0)
+    fused = run(lambda *args: triton_selective_scan(*args, value_block=value_block), tensors, h0)
     for got, want in zip([fused[0], fused[1], *fused[2]], [ref[0], ref[1], *ref[2]]):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_value_block_must_be_a_power_of_two(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from hallamonic.modeling.hallamonic_selective_scan_triton import triton_selective_scan
+
+    tensors, _ = inputs(1, 4, 1, 16, 16, "any", torch.float32, False)
+    with pytest.raises(ValueError, match="power of two"):
+        triton_selective_scan(*tensors, value_block=24)
 
 
 @pytest.mark.triton
