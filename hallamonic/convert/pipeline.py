@@ -9,6 +9,7 @@ Layout of an output folder (it is itself a loadable Hugging Face checkpoint):
     training/loss.png              loss curves of both phases
     training/tokens.npy            the token stream of phase 1 and its focus (reused by --resume)
     training/tokens-phase2.npy     phase 2's and the refit's, when `phase2_data` names its own source
+    training/tokens*.json          what each stream was made from (--resume tokenizes again if that changed)
     training/checkpoints/phaseN/   atomic step checkpoints (trainable weights + optimizer)
     training/report.json           parameter counts, tokens, wall time, held-out results
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import platform
 import shutil
 import time
@@ -115,41 +117,73 @@ def _phase1_tokens(recipe: Recipe, tokens):
     return tokens[: _pool_tokens(recipe)] if _pool_tokens(recipe) else tokens
 
 
-STREAM_CACHES = {"transfer": "tokens.npy", "phase2": "tokens-phase2.npy"}  # under training/
+STREAM_CACHES = {"transfer": "tokens.npy", "phase2": "tokens-phase2.npy"}  # under training/, each with a .json sidecar
 
 
-def _load_streams(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool) -> dict:
-    """The training token streams, ``{"transfer": ..., "phase2": ...}``: one array under both names
-    unless ``phase2_data`` names its own source. Each is an interrupted run's cached copy or a fresh
-    tokenization."""
+def _stream_source(section, seed: int, tokenizer) -> dict:
+    """What a cached token stream was made from: the data section, the seed (held-out split), the
+    tokenizer, and a local file's size (an edited file is another source)."""
+    source = {"data": asdict(section), "seed": seed,
+              "tokenizer": [type(tokenizer).__name__, len(tokenizer), tokenizer.eos_token_id]}
+    if section.path and Path(section.path).is_file():
+        source["file_bytes"] = Path(section.path).stat().st_size
+    return json.loads(json.dumps(source))  # as it reads back from the sidecar (tuples -> lists)
+
+
+def _load_streams(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool, notify=print) -> tuple[dict, dict]:
+    """The training token streams, ``{"transfer": ..., "phase2": ...}`` (one array under both names
+    unless ``phase2_data`` names its own source), and the sidecars of those tokenized in this run.
+
+    --resume reads an interrupted run's cached copy when its sidecar names the same source and it
+    holds the tokens the recipe now needs (or all its source has); otherwise it tokenizes again and
+    says why: a resumed run with more steps, or another text, would otherwise cycle over a stale
+    prefix or train on text the recipe no longer names. A cache without a sidecar (written before
+    sidecars, or copied by hand) is read as before when it is long enough."""
     import numpy as np
+
+    fresh: dict[str, dict] = {}
 
     def load(stream: str, section, needed: int):
         cache = out / "training" / STREAM_CACHES[stream]
+        source = _stream_source(section, recipe.seed, tokenizer)
         if resume and cache.is_file():
-            return np.load(cache, allow_pickle=False)
-        return tokenize_stream(tokenizer, section, seed=recipe.seed, max_tokens=needed)
+            tokens = np.load(cache, allow_pickle=False)
+            sidecar = cache.with_suffix(".json")
+            saved = json.loads(sidecar.read_text()) if sidecar.is_file() else None
+            if saved is not None and saved["source"] != source:
+                notify(f"{cache.name}: the recipe's text source changed since the cache was made; tokenizing again "
+                       "(phases already finished trained on the old text)")
+            elif len(tokens) >= needed or (saved is not None and saved["exhausted"]):
+                return tokens
+            else:
+                notify(f"{cache.name}: holds {len(tokens):,} tokens, the recipe now needs {needed:,}; tokenizing again")
+        tokens = tokenize_stream(tokenizer, section, seed=recipe.seed, max_tokens=needed)
+        fresh[stream] = {"source": source, "tokens": len(tokens), "exhausted": len(tokens) < needed}
+        return tokens
 
     if recipe.phase2_source() is recipe.data:
         tokens = load("transfer", recipe.data, _tokens_needed(recipe, world))
-        return {"transfer": tokens, "phase2": tokens}
-    return {
+        return {"transfer": tokens, "phase2": tokens}, fresh
+    streams = {
         "transfer": load("transfer", recipe.data, _tokens_needed(recipe, world, "transfer")),
         "phase2": load("phase2", recipe.phase2_data, _tokens_needed(recipe, world, "phase2")),
     }
+    return streams, fresh
 
 
-def _save_streams(streams: dict, out: Path) -> None:
-    """Cache each token stream (int32 .npy, written then renamed) so --resume needs no re-tokenizing."""
+def _save_streams(streams: dict, fresh: dict, out: Path) -> None:
+    """Cache each stream tokenized in this run (int32 .npy and its .json sidecar, each written then
+    renamed) so --resume needs no re-tokenizing."""
     import numpy as np
 
-    for stream, tokens in streams.items():
+    for stream, sidecar in fresh.items():
         cache = out / "training" / STREAM_CACHES[stream]
-        if cache.is_file() or (stream == "phase2" and tokens is streams["transfer"]):
-            continue
         tmp = cache.with_suffix(".tmp.npy")
-        np.save(tmp, tokens)
+        np.save(tmp, streams[stream])
         tmp.replace(cache)
+        tmp = cache.with_suffix(".tmp.json")
+        tmp.write_text(json.dumps(sidecar, indent=1))
+        tmp.replace(cache.with_suffix(".json"))
 
 
 def _heldout_texts(recipe: Recipe, max_chars: int) -> list[str]:
@@ -222,7 +256,7 @@ def convert(
         if used:
             check_layers(key, layers, len(teacher.model.layers))
     teacher.to(accelerator.device)
-    streams = _load_streams(recipe, tokenizer, out, accelerator.num_processes, resume)
+    streams, fresh_streams = _load_streams(recipe, tokenizer, out, accelerator.num_processes, resume, notify=accelerator.print)
     tokens = streams["transfer"]
     for stream, key, seq_len in (("transfer", "data", recipe.phase1.seq_len if recipe.phase1.steps else 0),
                                  ("phase2", "phase2_data", recipe.phase2.seq_len if recipe.phase2.steps else 0)):
@@ -238,7 +272,7 @@ def convert(
         prepare_output_dir(out, overwrite=overwrite, resume=resume)
         (out / "training").mkdir(parents=True, exist_ok=True)
         (out / "training" / "recipe.yaml").write_text(recipe_to_yaml(recipe))
-        _save_streams(streams, out)
+        _save_streams(streams, fresh_streams, out)
     accelerator.wait_for_everyone()
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=recipe.base.model).to(accelerator.device)
     probe, probe_source = _transfer_probe(recipe, tokens, tokenizer, notify=accelerator.print)

@@ -541,3 +541,45 @@ def test_a_text_file_with_nothing_held_out_says_so_and_probes_training_text(tmp_
     report = convert(load_recipe("tiny", FAST + [f"data.path={paragraphs}"]), tmp_path / "out2", phases=("surgery",))
     assert report["attention_transfer"]["sample"].endswith("held-out tokens")
     assert "held out" not in capsys.readouterr().out
+
+
+def test_resume_tokenizes_again_when_the_text_or_the_length_it_needs_changed(tmp_path):
+    """The token caches carry what they were made from: --resume reads one only for the same source
+    and when it holds what the recipe now needs, and says why when it tokenizes again. A cache with
+    no sidecar (older runs, copied by hand) is read as before."""
+    import numpy as np
+
+    tokenizer = pipeline.load_base_model("builtin:tiny-llama")[1]
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(f"Zebra quartz {i} vexed the jolly kingfisher." for i in range(3000)))
+    recipe = load_recipe("tiny", FAST + [f"data.path={text}"])
+    out = tmp_path / "out"
+    (out / "training").mkdir(parents=True)
+    notes = []
+
+    def load(recipe):
+        streams, fresh = pipeline._load_streams(recipe, tokenizer, out, 1, resume=True, notify=notes.append)
+        pipeline._save_streams(streams, fresh, out)
+        return streams["transfer"], fresh
+
+    first, fresh = load(recipe)  # nothing cached yet
+    assert set(fresh) == {"transfer"} and not fresh["transfer"]["exhausted"]
+    assert json.loads((out / "training" / "tokens.json").read_text())["tokens"] == len(first)
+
+    again, fresh = load(recipe)  # same source, same length: read back
+    assert fresh == {} and notes == [] and np.array_equal(again, first)
+
+    longer = load_recipe("tiny", FAST + [f"data.path={text}", "phase1.steps=40"])
+    extended, fresh = load(longer)  # more steps than the cache holds
+    assert set(fresh) == {"transfer"} and "the recipe now needs" in notes[-1]
+    assert len(extended) > len(first) and np.array_equal(extended[: len(first)], first)
+
+    text.write_text("\n\n".join(f"Otter basalt {i} calmed the weary heron." for i in range(3000)))
+    other, fresh = load(longer)  # the file changed under the same path
+    assert set(fresh) == {"transfer"} and "text source changed" in notes[-1]
+    assert "Otter basalt" in tokenizer.decode(other[:50])
+
+    (out / "training" / "tokens.json").unlink()  # an older run's cache: read as before
+    count = len(notes)
+    kept, fresh = load(longer)
+    assert fresh == {} and len(notes) == count and np.array_equal(kept, other)
