@@ -127,7 +127,7 @@ if _HAS_TRITON:
     def _backward_py(
         b_ptr, la_ptr, k_ptr, q_ptr, dy_ptr, states_ptr, dfinal_ptr,
         db_ptr, dla_ptr, dk_ptr, dq_ptr, ds0_ptr,
-        L, H, P, N, NCH,
+        PARTIAL, L, H, P, N, NCH,
         HAS_DFINAL: tl.constexpr, CHUNK: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     ):
         pid = tl.program_id(0)  # (batch, head)
@@ -136,7 +136,7 @@ if _HAS_TRITON:
         hi = pid % H
         rows = tl.arange(0, CHUNK)
         cp = pb * BP + tl.arange(0, BP)
-        partial = pb * (tl.num_programs(0) // H) * L * H * N  # offset of this block's (B, L, H, N) partial dk / dq
+        partial = pb * PARTIAL  # offset of this block's (B, L, H, N) partial dk / dq
         cn = tl.arange(0, BN)
         state_offsets = cp[:, None] * N + cn[None, :]
         state_mask = (cp[:, None] < P) & (cn[None, :] < N)
@@ -184,7 +184,7 @@ def _kernels():
     if mode not in _KERNELS:
         # helpers are bound first: the interpreter snapshots the module's globals
         _add, _load_chunk, _log_decays = triton.jit(_add_py), triton.jit(_load_chunk_py), triton.jit(_log_decays_py)
-        sizes = ["L", "H", "P", "N", "NCH"]
+        sizes = ["PARTIAL", "L", "H", "P", "N", "NCH"]
         _KERNELS[mode] = (
             (_add, _load_chunk, _log_decays),
             triton.jit(_forward_py, do_not_specialize=sizes),
@@ -239,7 +239,7 @@ class _TritonSelectiveScan(torch.autograd.Function):
         dq = torch.empty_like(dk)
         backward_kernel[(batch * heads, blocks)](
             b, log_a, write, read, dy, states, dfinal.float().contiguous() if dfinal is not None else ds0,
-            db, dla, dk, dq, ds0, length, heads, channels, state_size, chunks,
+            db, dla, dk, dq, ds0, dk[0].numel(), length, heads, channels, state_size, chunks,
             HAS_DFINAL=dfinal is not None, CHUNK=CHUNK, BP=BP, BN=BN,
         )
         dk, dq = (d[0] if blocks == 1 else d.sum(0) for d in (dk, dq))  # (B, L, H, N)
