@@ -249,12 +249,10 @@ def build_architectures(
         elif name in HARMONIC_VARIANTS:  # flags of one model: same count, or an option's own parameters
             config = harmonic_config(shape, vocab_size, context, **HARMONIC_VARIANTS[name])
             params = target if name == "harmonic" else count_parameters(config)
-        elif name == "transformer":
+        elif name in ("transformer", "mamba-llama-layout"):  # the Llama layout, MLP width fitted
+            make = transformer_config if name == "transformer" else mamba_llama_layout_config
             widths = range(8, 16 * shape.intermediate_size + 8, 8)
-            config, params = _fit(lambda w: transformer_config(shape, vocab_size, w, max_length), widths, target)
-        elif name == "mamba-llama-layout":
-            widths = range(8, 16 * shape.intermediate_size + 8, 8)
-            config, params = _fit(lambda w: mamba_llama_layout_config(shape, vocab_size, w, max_length), widths, target)
+            config, params = _fit(lambda w: make(shape, vocab_size, w, max_length), widths, target)
         elif name == "mamba":
             widths = range(2, 4 * shape.hidden_size + 2, 2)
             config, params = _fit(lambda w: mamba_config(shape, vocab_size, w), widths, target)
