@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from hallamonic.console import fail
 from hallamonic.evaluation.baselines import BASELINES
 from hallamonic.evaluation.baselines import DEFAULT_NTK_FACTOR as NTK_FACTOR
 
@@ -46,11 +47,6 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"Error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def eval_command(
@@ -94,6 +90,7 @@ def eval_command(
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads.")] = None,
     allow_pickle: Annotated[bool, typer.Option(help="Allow pickle (pytorch_model.bin) weights.")] = False,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")] = False,
 ) -> None:
     """Evaluate MODEL (and fair baselines) on LAMBADA, held-out loss by context length, or passkey."""
     import torch
@@ -127,7 +124,7 @@ def eval_command(
     try:
         results = run_evaluation(model, options, baselines=baseline or [], teacher=teacher, name=name, load=load)
     except (DataError, FileNotFoundError, ValueError, OSError) as err:
-        _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        fail(str(err).splitlines()[0] if str(err) else type(err).__name__, debug=debug)
     out = output_dir or Path("outputs") / "eval" / task.value
     typer.echo(markdown_table(results))
     written = [write_results(results, out), *plot_results(results, out)]

@@ -53,6 +53,12 @@ def test_bad_data_and_bad_model_are_one_line_errors(app, checkpoint, tmp_path):
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
+def test_debug_flag_raises_the_error_instead_of_one_line(app, tmp_path):
+    result = invoke(app, tmp_path / "missing-model", "--task", "passkey", "--debug")
+    assert result.exit_code != 0 and isinstance(result.exception, (FileNotFoundError, OSError, ValueError))
+    assert "does not exist" in str(result.exception)
+
+
 def test_lambada_run_prints_a_table_and_writes_results(app, checkpoint, lambada_file, tmp_path):
     out = tmp_path / "out"
     args = ["--task", "lambada", "--data", lambada_file, "--limit", 5, "--output-dir", out, "--no-progress"]
