@@ -86,6 +86,23 @@ class MetricsLog:
                 handle.write(json.dumps(record) + "\n")
 
 
+def finite_gradients(trainable: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    """Per parameter, whether its gradient is free of NaN / inf (a 0-dim bool tensor, no sync).
+    Taken before clipping: a non-finite norm makes clipping write NaN into every gradient."""
+    return {key: torch.isfinite(p.grad).all() for key, p in trainable.items() if p.grad is not None}
+
+
+def non_finite_gradients(finite: dict[str, torch.Tensor], shown: int = 4) -> str:
+    """Which parameters' gradients held NaN / inf, for the divergence message. A NaN that enters a
+    deep model's backward at one layer reaches every parameter below it, so with many the first
+    and last in model order are named: the last is nearest where it entered."""
+    bad = [key for key, ok in finite.items() if not ok]
+    if not bad:
+        return ""
+    names = ", ".join(bad) if len(bad) <= shown else f"{bad[0]} ... {bad[-1]}"
+    return f" (non-finite gradients in {len(bad)} of {len(finite)} parameters: {names})"
+
+
 def run_phase(
     *,
     name: str,
@@ -144,6 +161,7 @@ def run_phase(
                 accelerator.backward(loss / train.grad_accum)
             total += loss.detach().float() / train.grad_accum
         mean_loss = accelerator.reduce(total, reduction="mean")
+        finite = finite_gradients(trainable)
         if train.max_grad_norm > 0:
             grad_norm = accelerator.clip_grad_norm_(params, train.max_grad_norm)
         else:
@@ -151,6 +169,7 @@ def run_phase(
         grad_norm = torch.as_tensor(grad_norm, dtype=torch.float32)
         if not (torch.isfinite(mean_loss) and torch.isfinite(grad_norm)):
             where = f"[{name}] step {step + 1}: loss {mean_loss.item()} / gradient norm {grad_norm.item()} is not finite"
+            where += non_finite_gradients(finite)
             good = latest_checkpoint(checkpoint_root)
             if train.on_nan == "stop":
                 bar.close()

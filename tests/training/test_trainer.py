@@ -75,6 +75,17 @@ def test_a_non_finite_loss_stops_or_skips(tmp_path):
     assert [r["step"] for r in rows if r.get("skipped")] == [3] and result.final_loss is not None
 
 
+def test_a_non_finite_gradient_names_its_parameters(tmp_path):
+    """A finite loss whose gradient is NaN in the bias only: the message names the bias, not every
+    parameter (clipping a NaN norm would write NaN into all of them)."""
+
+    def nan_grad_in_bias(module, batch):  # 0 * sqrt(0) = 0 forward; 0 * inf = NaN backward, in the bias alone
+        return loss_of(module, batch) + 0.0 * torch.sqrt(module.bias - module.bias.detach()).sum()
+
+    with pytest.raises(TrainingDiverged, match=r"step 1: loss [0-9.]+ / gradient norm nan .*non-finite gradients in 1 of 2 parameters: bias\)"):
+        train(tmp_path, nan_grad_in_bias)
+
+
 def test_one_process_can_switch_mixed_precision():
     """Two conversions with different `train.mixed_precision` in one process (a notebook, this test
     run): accelerate's process-wide state would refuse the second precision; make_accelerator resets it."""
