@@ -60,14 +60,29 @@ def phase2_compiled_mixers(model: nn.Module) -> list[nn.Module]:
     return [layer.mixer for layer in layers[1:] if any(p.requires_grad for p in layer.mixer.parameters())]
 
 
+def eager_backward_precision():
+    """Trace compiled blocks' backward without autocast, as eager autograd runs it.
+
+    torch.compile (2.13) traces a region's backward under the autocast of its forward by default
+    (`torch._functorch.config.backward_pass_autocast = "same_as_forward"`, pytorch#153044 / #179804),
+    which ignores the block's own fp32 regions (the scans, the decay gates): under bf16 autocast the
+    compiled chunked scan's gradients came out 1.7% off in log a and 0.3-0.4% in the rest (eager:
+    exact), and on a SmolLM2 conversion its bf16 backward overflowed into NaN at phase 2's first
+    step. "off" is eager's semantics (and PyTorch's planned default); a config patch, so it holds
+    while the first call traces the graph and nothing outside this package's compiles changes."""
+    return torch._functorch.config.patch(backward_pass_autocast="off")
+
+
 @contextlib.contextmanager
 def compiled_in_place(modules: list[nn.Module]):
     """``Module.compile()`` each module for the duration (same parameters, same state_dict names,
-    so checkpoints written meanwhile are the eager model's), eager again afterwards."""
+    so checkpoints written meanwhile are the eager model's), eager again afterwards; backward
+    precision as in eager (:func:`eager_backward_precision`)."""
     for module in modules:
         module.compile(dynamic=False)  # see MixerStack: a new shape gets its own static graph
     try:
-        yield
+        with eager_backward_precision():
+            yield
     finally:
         for module in modules:
             module._compiled_call_impl = None  # what Module.compile set: __call__ runs forward again
@@ -96,6 +111,7 @@ class MixerStack(nn.Module):
         # shape it sees (phase 2's 1 x 1,024 after phase 1's 4 x 512) is recompiled with symbolic
         # sizes, and those kernels ran a SmolLM2 block's forward+backward 3-4x slower than static ones.
         self.calls = [torch.compile(mixer, dynamic=False) for mixer in mixers] if compile else list(mixers)
+        self.compiled = compile
 
     def forward(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor:
         """Per-layer regression losses, shape (layers,); their backward delivers the gradients
@@ -103,7 +119,8 @@ class MixerStack(nn.Module):
         losses = []
         for mixer, call, x, y in zip(self.mixers, self.calls, inputs, targets):
             x = x.to(mixer.v_proj.weight.dtype)  # a bfloat16 teacher pass (phase1.teacher_dtype) feeds float32 blocks
-            prediction, _ = call(x)  # (B, L, H)
+            with eager_backward_precision() if self.compiled else contextlib.nullcontext():
+                prediction, _ = call(x)  # (B, L, H); a compiled call traces its backward on the first one
             error = (prediction.float() - y.float()).pow(2).mean()
             if self.normalize:  # fraction of the attention output's energy left unexplained
                 error = error / y.float().pow(2).mean().clamp_min(1e-8)

@@ -196,6 +196,56 @@ def test_phase2_compiled_blocks_give_the_eager_loss_and_gradients_and_turn_eager
     assert all(m._compiled_call_impl is None for m in student.model.layers.modules())
 
 
+class _Scan(torch.nn.Module):
+    """The chunked selective scan as a module, so compiled_in_place can compile it."""
+
+    def forward(self, b, log_a, write, read):
+        from hallamonic.modeling.hallamonic_selective_scan import chunked_selective_scan
+
+        return chunked_selective_scan(b, log_a, write, read)[0]
+
+
+def _scan_grads(call, inputs, upstream, autocast: bool):
+    leaves = [t.clone().requires_grad_(True) for t in inputs]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = call(*leaves)
+    y.backward(upstream)
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.skipif(not phases.compiler_available(), reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_blocks_keep_their_fp32_backward_under_bf16_autocast():
+    """The scan runs in fp32 inside autocast, and eager autograd runs its backward in fp32 too.
+    torch.compile's default traces the backward under the forward's autocast instead (bf16 matmuls:
+    the gradient of log a 1.7% off, NaN on a SmolLM2 conversion): compiled blocks must give the
+    eager fp32 gradients, in place (phase 2) and in the attention-transfer stack (phase 1)."""
+    torch.manual_seed(0)
+    shape, state = (1, 256, 2, 16), (1, 256, 2, 16)
+    inputs = [torch.randn(shape), -3 * torch.rand(shape), torch.randn(state), torch.randn(state)]
+    upstream = torch.randn(shape)
+    want = _scan_grads(_Scan(), inputs, upstream, autocast=False)
+    scan = _Scan()
+    with phases.compiled_in_place([scan]):
+        got = _scan_grads(scan, inputs, upstream, autocast=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+    teacher = build_tiny_llama(300).eval()
+    student = build_student(teacher, HarmonicSection(state_size=None))
+    mixers = [layer.mixer for layer in student.model.layers]
+    gates = [p for m in mixers for name, p in m.named_parameters() if name.startswith("gates.")]
+    io = capture_attention_io(teacher, torch.randint(0, 300, (2, 64)))
+    results = []
+    for compile in (False, True):
+        student.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            losses = MixerStack(mixers, compile=compile)(*io)
+        losses.sum().backward()
+        results.append([p.grad.clone() for p in gates])
+    for got, want in zip(*reversed(results)):  # the gates and scans are fp32: bf16 elsewhere fuses alike
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=1e-6)
+
+
 def test_compiler_available_finds_one_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CXX", raising=False)
