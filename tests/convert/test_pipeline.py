@@ -220,7 +220,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
 
     monkeypatch.setattr(pipeline, "phase1_loss", poisoned)
     out = tmp_path / "out"
-    with pytest.raises(TrainingDiverged, match=r"\[phase1\] step 3: loss nan .* not finite; training stopped.*step-000002"):
+    with pytest.raises(TrainingDiverged, match=r"\[phase1\] step 3: loss nan .* not finite \(non-finite gradients in .*\); training stopped.*step-000002"):
         convert(load_recipe("tiny", FAST), out)
     kept = list_checkpoints(out / "training" / "checkpoints" / "phase1")
     assert [p.name for p in kept] == ["step-000002"]

@@ -1,0 +1,96 @@
+"""What eager's backward precision costs compiled blocks: time and gradient error, side by side.
+
+Under `train.mixed_precision: bf16` a block's scans and decay gates run in fp32 (autocast off
+inside them), and eager autograd runs their backward in fp32 too. torch.compile's default traces
+the backward under the forward's autocast instead (`backward_pass_autocast = "same_as_forward"`),
+so those backward matmuls ran in bf16; the conversion now compiles with "off"
+(`hallamonic.convert.phases.eager_backward_precision`). This script compiles one SmolLM2-shaped
+block (random weights, a transfer-like input) both ways, times forward+backward alternately in one
+process (so the CPU's drift hits both alike), and prints each setting's gradient error against the
+eager block's float32 gradients.
+
+Usage: python benchmarks/compile_backward_precision.py [--batch 4] [--seq-len 512] [--rounds 6] [--levels 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import statistics
+import time
+
+import torch
+
+from hallamonic.convert.phases import eager_backward_precision
+from hallamonic.convert.recipe import HarmonicSection
+from hallamonic.convert.surgery import build_student
+from hallamonic.convert.throughput import random_teacher
+
+
+def block_and_input(levels: int, batch: int, seq_len: int):
+    torch.manual_seed(0)
+    teacher = random_teacher("smollm2-135m", torch.float32, torch.device("cpu"))
+    bands = [[1, 64], [64, 4096]] if levels == 2 else [[1, 16], [16, 256], [256, 4096]]
+    student = build_student(teacher, HarmonicSection(state_size=None, timescale_bands=bands))
+    block = student.model.layers[1].mixer
+    x = torch.randn(batch, seq_len, teacher.config.hidden_size)  # (B, L, hidden), unit RMS like a normed stream
+    upstream = torch.randn(batch, seq_len, teacher.config.hidden_size) * 1e-3  # (B, L, hidden)
+    return block, x, upstream
+
+
+def step(call, block, x, upstream, autocast: bool) -> list[torch.Tensor]:
+    """One forward+backward; the parameters' gradients."""
+    block.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out, _ = call(x)
+    out.backward(upstream.to(out.dtype))
+    return [p.grad.clone() for p in block.parameters() if p.grad is not None]
+
+
+def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """Error of the whole gradient vector, relative to its norm."""
+    num = sum((g.float() - w.float()).pow(2).sum() for g, w in zip(got, want))
+    den = sum(w.float().pow(2).sum() for w in want)
+    return (num / den).sqrt().item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--levels", type=int, default=2, choices=(2, 3))
+    args = parser.parse_args()
+    block, x, upstream = block_and_input(args.levels, args.batch, args.seq_len)
+    reference = step(block, block, x, upstream, autocast=False)  # eager float32
+    eager_bf16 = step(block, block, x, upstream, autocast=True)  # eager under autocast: fp32 scans both ways
+    settings = {
+        "compiled, backward under forward autocast (torch default)": contextlib.nullcontext,
+        "compiled, backward without autocast (eager_backward_precision)": eager_backward_precision,
+    }
+    # One copy of the block per setting: dynamo guards on the module, so each copy traces anew under
+    # its own setting (the setting applies when a graph is traced, at its first call).
+    blocks = {name: copy.deepcopy(block) for name in settings}
+    calls = {name: torch.compile(blocks[name], dynamic=False) for name in settings}
+    errors, times = {}, {name: [] for name in settings}
+    for name, context in settings.items():
+        with context():  # traces, compiles and warms up
+            errors[name] = relative_error(step(calls[name], blocks[name], x, upstream, autocast=True), reference)
+    for _ in range(args.rounds):
+        for name, context in settings.items():
+            with context():
+                began = time.perf_counter()
+                step(calls[name], blocks[name], x, upstream, autocast=True)
+                times[name].append(time.perf_counter() - began)
+    print(f"one SmolLM2-shaped block ({args.levels} levels, N = 64), {args.batch} x {args.seq_len} tokens, bf16 autocast, "
+          f"{torch.get_num_threads()} threads, median of {args.rounds} alternated rounds")
+    print(f"eager under autocast: gradient error vs eager fp32 {relative_error(eager_bf16, reference):.2e}")
+    base = statistics.median(times[next(iter(settings))])
+    for name in settings:
+        median = statistics.median(times[name])
+        print(f"{name}: fwd+bwd {median * 1e3:.0f} ms ({median / base:.2f}x), gradient error vs eager fp32 {errors[name]:.2e}")
+
+
+if __name__ == "__main__":
+    main()
