@@ -111,7 +111,6 @@ class MixerStack(nn.Module):
         # shape it sees (phase 2's 1 x 1,024 after phase 1's 4 x 512) is recompiled with symbolic
         # sizes, and those kernels ran a SmolLM2 block's forward+backward 3-4x slower than static ones.
         self.calls = [torch.compile(mixer, dynamic=False) for mixer in mixers] if compile else list(mixers)
-        self.compiled = compile
 
     def forward(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor:
         """Per-layer regression losses, shape (layers,); their backward delivers the gradients
@@ -119,8 +118,8 @@ class MixerStack(nn.Module):
         losses = []
         for mixer, call, x, y in zip(self.mixers, self.calls, inputs, targets):
             x = x.to(mixer.v_proj.weight.dtype)  # a bfloat16 teacher pass (phase1.teacher_dtype) feeds float32 blocks
-            with eager_backward_precision() if self.compiled else contextlib.nullcontext():
-                prediction, _ = call(x)  # (B, L, H); a compiled call traces its backward on the first one
+            with eager_backward_precision():  # read where a compiled call traces (its first); eager ones ignore it
+                prediction, _ = call(x)  # (B, L, H)
             error = (prediction.float() - y.float()).pow(2).mean()
             if self.normalize:  # fraction of the attention output's energy left unexplained
                 error = error / y.float().pow(2).mean().clamp_min(1e-8)
