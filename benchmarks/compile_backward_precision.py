@@ -7,9 +7,12 @@ so those backward matmuls ran in bf16; the conversion now compiles with "off"
 (`hallamonic.convert.phases.eager_backward_precision`). This script compiles one SmolLM2-shaped
 block (random weights, a transfer-like input) both ways, times forward+backward alternately in one
 process (so the CPU's drift hits both alike), and prints each setting's gradient error against the
-eager block's float32 gradients.
+eager block's float32 gradients. With ``--update-rule delta`` (the recipe's recall blocks) it also
+times the delta rule's triangular solve compiled inside the block's graph, which the scan keeps out
+(a graph break) because Inductor gave non-finite gradients that way on SmolLM2's real inputs.
 
 Usage: python benchmarks/compile_backward_precision.py [--batch 4] [--seq-len 512] [--rounds 3] [--steps 3] [--levels 2]
+       [--update-rule sum|delta]
 """
 
 from __future__ import annotations
@@ -25,17 +28,32 @@ from hallamonic.convert.phases import eager_backward_precision
 from hallamonic.convert.recipe import HarmonicSection
 from hallamonic.convert.surgery import build_student
 from hallamonic.convert.throughput import random_teacher
+from hallamonic.modeling import hallamonic_delta_scan
 
 
-def block_and_input(levels: int, batch: int, seq_len: int):
+def block_and_input(levels: int, batch: int, seq_len: int, update_rule: str = "sum"):
     torch.manual_seed(0)
     teacher = random_teacher("smollm2-135m", torch.float32, torch.device("cpu"))
     bands = [[1, 64], [64, 4096]] if levels == 2 else [[1, 16], [16, 256], [256, 4096]]
-    student = build_student(teacher, HarmonicSection(state_size=None, timescale_bands=bands))
+    student = build_student(teacher, HarmonicSection(state_size=None, timescale_bands=bands, update_rule=update_rule))
     block = student.model.layers[1].mixer
     x = torch.randn(batch, seq_len, teacher.config.hidden_size)  # (B, L, hidden), unit RMS like a normed stream
     upstream = torch.randn(batch, seq_len, teacher.config.hidden_size) * 1e-3  # (B, L, hidden)
     return block, x, upstream
+
+
+@contextlib.contextmanager
+def solve_in_graph():
+    """eager_backward_precision with the delta rule's solve traced into the graph (no graph break)."""
+    kept = hallamonic_delta_scan._solve_unit_lower
+    hallamonic_delta_scan._solve_unit_lower = lambda system, rhs: torch.linalg.solve_triangular(
+        system, rhs, upper=False, unitriangular=True
+    )
+    try:
+        with eager_backward_precision():
+            yield
+    finally:
+        hallamonic_delta_scan._solve_unit_lower = kept
 
 
 def step(call, block, x, upstream, autocast: bool) -> list[torch.Tensor]:
@@ -61,14 +79,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="compiles of each setting, alternated")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after each compile")
     parser.add_argument("--levels", type=int, default=2, choices=(2, 3))
+    parser.add_argument("--update-rule", default="sum", choices=("sum", "delta"))
     args = parser.parse_args()
-    block, x, upstream = block_and_input(args.levels, args.batch, args.seq_len)
+    block, x, upstream = block_and_input(args.levels, args.batch, args.seq_len, args.update_rule)
     reference = step(block, block, x, upstream, autocast=False)  # eager float32
     eager_bf16 = step(block, block, x, upstream, autocast=True)  # eager under autocast: fp32 scans both ways
     settings = {
         "compiled, backward under forward autocast (torch default)": contextlib.nullcontext,
         "compiled, backward without autocast (eager_backward_precision)": eager_backward_precision,
     }
+    if args.update_rule == "delta":
+        settings["compiled, backward without autocast, the solve inside the graph"] = solve_in_graph
     # The setting applies when a graph is traced, and dynamo would reuse one setting's graph for the
     # other (it guards on shapes, not on this config): each round recompiles each setting after a
     # reset (from Inductor's disk cache after the first), warms it up untimed, then times it.
@@ -88,7 +109,7 @@ def main() -> None:
                     began = time.perf_counter()
                     step(call, block, x, upstream, autocast=True)
                     times[name].append(time.perf_counter() - began)
-    print(f"one SmolLM2-shaped block ({args.levels} levels, N = 64), {args.batch} x {args.seq_len} tokens, bf16 autocast, "
+    print(f"one SmolLM2-shaped block ({args.levels} levels, N = 64, {args.update_rule} rule), {args.batch} x {args.seq_len} tokens, bf16 autocast, "
           f"{torch.get_num_threads()} threads, median of {args.rounds} x {args.steps} steps, settings alternated")
     base = statistics.median(eager_times)
     print(f"eager under autocast: fwd+bwd {base * 1e3:.0f} ms (1.00x), gradient error vs eager fp32 {relative_error(eager_bf16, reference):.2e}")

@@ -88,6 +88,17 @@ def _reference(values, log_a, write, read, beta, initial_state):
     return torch.stack(outputs, 1), state  # (B, L, H, P), (B, H, P, N)
 
 
+@torch.compiler.disable
+def _solve_unit_lower(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """X with system X = rhs, system unit lower-triangular: (..., C, C), (..., C, F) -> (..., C, F).
+
+    Kept out of torch.compile's graphs (a graph break; the solve is an external kernel either way):
+    Inductor (torch 2.13, CPU) compiling it inside a whole SmolLM2 delta-rule block, backward traced
+    without autocast, gave non-finite gradients on real attention inputs where eager, aot_eager and
+    the scan compiled alone were finite (evals/results/smollm2-135m-hallamonic-fixed)."""
+    return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+
+
 def _chunked(values, log_a, write, read, beta, initial_state, chunk: int = CHUNK):
     batch, length, heads, channels = values.shape
     size = write.shape[-1]
@@ -109,7 +120,7 @@ def _chunked(values, log_a, write, read, beta, initial_state, chunk: int = CHUNK
     corrections = (b.unsqueeze(-1) * decay * (k @ k.transpose(-1, -2))).masked_fill(~strictly, 0.0)  # A: (B, n, H, C, C)
     system = corrections + torch.eye(chunk, dtype=values.dtype, device=values.device)
     rhs = torch.cat([b.unsqueeze(-1) * u, (b * cum.exp()).unsqueeze(-1) * k], dim=-1)  # (B, n, H, C, P + N)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    solved = _solve_unit_lower(system, rhs)  # (B, n, H, C, P + N)
     writes, state_part = solved[..., :channels], solved[..., channels:]  # E = writes - state_part @ M0
     scores = (q @ k.transpose(-1, -2)) * decay  # (B, n, H, C, C) causal: decay is 0 above the diagonal
     read_state = cum.exp().unsqueeze(-1) * q  # (B, n, H, C, N) reads of the state entering the chunk
