@@ -50,6 +50,9 @@
 #     NAME=converted-mixed-levels bash evals/smollm2_selective.sh outputs/smollm2-mixed-levels evals/results/smollm2-135m-hallamonic-mixed-levels \
 #       --set 'harmonic.recall_layers=[20,21,22,23,24]' --set 'harmonic.recall_timescale_bands=[[1,16],[16,256],[256,4096]]'
 #     (every run above had the same levels in every layer: to rerun one add --set 'harmonic.recall_layers=[]')
+#   the recipe now, rerun after the compile fixes of 2026-12-05 (eager backward precision; the delta rule's solve
+#     outside the graph; 53.4 min): NAME=converted-fixed bash evals/smollm2_selective.sh outputs/smollm2-fixed \
+#       evals/results/smollm2-135m-hallamonic-fixed (the runs above with bf16 autocast and compiled blocks ran those blocks' backward in bf16)
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
