@@ -94,8 +94,9 @@ def _solve_unit_lower(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
 
     Kept out of torch.compile's graphs (a graph break; the solve is an external kernel either way):
     Inductor (torch 2.13, CPU) compiling it inside a whole SmolLM2 delta-rule block, backward traced
-    without autocast, gave non-finite gradients on real attention inputs where eager, aot_eager and
-    the scan compiled alone were finite (evals/results/smollm2-135m-hallamonic-fixed)."""
+    without autocast, gave non-finite gradients (on real attention inputs and on a random
+    SmolLM2-shaped block) where eager, aot_eager and the scan compiled alone were finite; outside
+    the graph, compiled delta blocks keep eager's gradients (evals/results/smollm2-135m-hallamonic-fixed)."""
     return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
 
 
