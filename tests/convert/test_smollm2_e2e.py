@@ -6,6 +6,7 @@ the full `smollm2-135m` recipe is reported in the model card and the closing not
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -89,11 +90,12 @@ def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):
     from hallamonic.convert.pipeline import load_base_model
     from hallamonic.convert.recipe import load_recipe
     from hallamonic.convert.surgery import build_student, calibrate_blocks
+    from hallamonic.data import iter_texts
 
     recipe = load_recipe("smollm2-135m", [f"base.model={gguf}"])
     layer = recipe.harmonic.delta_layers[0]
     teacher, tokenizer = load_base_model(str(gguf))
-    texts = [json.loads(line)["text"] for line, _ in zip(FINEWEB.open(), range(40))]
+    texts = list(itertools.islice(iter_texts(FINEWEB), 40))
     ids = tokenizer("\n\n".join(texts), return_tensors="pt").input_ids[0, : 4 * 512].view(4, 512)  # phase 1's batch
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed)
     calibrate_blocks(student, teacher, ids[:2])
