@@ -53,6 +53,8 @@
 #   the recipe now, rerun after the compile fixes of 2026-12-05 (eager backward precision; the delta rule's solve
 #     outside the graph; 53.4 min): NAME=converted-fixed bash evals/smollm2_selective.sh outputs/smollm2-fixed \
 #       evals/results/smollm2-135m-hallamonic-fixed (the runs above with bf16 autocast and compiled blocks ran those blocks' backward in bf16)
+#     and its second seed (the fixes' bits gain did not reproduce): NAME=converted-fixed-seed1 bash evals/smollm2_selective.sh \
+#       outputs/smollm2-fixed-seed1 evals/results/smollm2-135m-hallamonic-fixed-seed1 --set seed=1
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
