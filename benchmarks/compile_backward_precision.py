@@ -8,8 +8,10 @@ so those backward matmuls ran in bf16; the conversion now compiles with "off"
 block (random weights, a transfer-like input) both ways, times forward+backward alternately in one
 process (so the CPU's drift hits both alike), and prints each setting's gradient error against the
 eager block's float32 gradients. With ``--update-rule delta`` (the recipe's recall blocks) it also
-times the delta rule's triangular solve compiled inside the block's graph, which the scan keeps out
-(a graph break) because Inductor gave non-finite gradients that way on SmolLM2's real inputs.
+compares ways of solving the delta rule's chunk systems under compile: the scan's blocked inverse
+(ordinary ops, in the graph), torch.linalg.solve_triangular inside the graph (Inductor gave
+non-finite gradients that way on SmolLM2's real inputs), and that solve as a graph break (the fix
+before the blocked inverse).
 
 Usage: python benchmarks/compile_backward_precision.py [--batch 4] [--seq-len 512] [--rounds 3] [--steps 3] [--levels 2]
        [--update-rule sum|delta]
@@ -42,16 +44,24 @@ def block_and_input(levels: int, batch: int, seq_len: int, update_rule: str = "s
     return block, x, upstream
 
 
-@contextlib.contextmanager
-def solve_in_graph():
-    """eager_backward_precision with the delta rule's solve traced into the graph (no graph break)."""
-    kept = hallamonic_delta_scan._solve_unit_lower
-    hallamonic_delta_scan._solve_unit_lower = kept.__wrapped__  # the function without torch.compiler.disable
-    try:
-        with eager_backward_precision():
-            yield
-    finally:
-        hallamonic_delta_scan._solve_unit_lower = kept
+def triangular_solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+
+
+def solve_with(solve):
+    """eager_backward_precision with the delta rule's chunk systems solved by `solve`."""
+
+    @contextlib.contextmanager
+    def context():
+        kept = hallamonic_delta_scan._solve_unit_lower
+        hallamonic_delta_scan._solve_unit_lower = solve
+        try:
+            with eager_backward_precision():
+                yield
+        finally:
+            hallamonic_delta_scan._solve_unit_lower = kept
+
+    return context
 
 
 def step(call, block, x, upstream, autocast: bool) -> list[torch.Tensor]:
@@ -86,18 +96,25 @@ def main() -> None:
         "compiled, backward under forward autocast (torch default)": contextlib.nullcontext,
         "compiled, backward without autocast (eager_backward_precision)": eager_backward_precision,
     }
+    eager_settings = {"eager under autocast": contextlib.nullcontext}  # the first is the speed reference
     if args.update_rule == "delta":
-        settings["compiled, backward without autocast, the solve inside the graph"] = solve_in_graph
+        eager_settings["eager under autocast, torch.linalg.solve_triangular"] = solve_with(triangular_solve)
+        settings["compiled, backward without autocast, torch.linalg.solve_triangular in the graph"] = solve_with(triangular_solve)
+        settings["compiled, backward without autocast, torch.linalg.solve_triangular as a graph break"] = solve_with(
+            torch.compiler.disable(triangular_solve)
+        )
     # The setting applies when a graph is traced, and dynamo would reuse one setting's graph for the
     # other (it guards on shapes, not on this config): each round recompiles each setting after a
     # reset (from Inductor's disk cache after the first), warms it up untimed, then times it.
     errors, times = {}, {name: [] for name in settings}
-    eager_times = []
+    eager_times = {name: [] for name in eager_settings}
     for _ in range(args.rounds):
-        for _ in range(args.steps):  # the eager block under autocast, the speed reference
-            began = time.perf_counter()
-            step(block, block, x, upstream, autocast=True)
-            eager_times.append(time.perf_counter() - began)
+        for name, context in eager_settings.items():
+            with context():
+                for _ in range(args.steps):
+                    began = time.perf_counter()
+                    step(block, block, x, upstream, autocast=True)
+                    eager_times[name].append(time.perf_counter() - began)
         for name, context in settings.items():
             torch._dynamo.reset()
             call = torch.compile(block, dynamic=False)
@@ -108,12 +125,20 @@ def main() -> None:
                     step(call, block, x, upstream, autocast=True)
                     times[name].append(time.perf_counter() - began)
     print(f"one SmolLM2-shaped block ({args.levels} levels, N = 64, {args.update_rule} rule), {args.batch} x {args.seq_len} tokens, bf16 autocast, "
-          f"{torch.get_num_threads()} threads, median of {args.rounds} x {args.steps} steps, settings alternated")
-    base = statistics.median(eager_times)
-    print(f"eager under autocast: fwd+bwd {base * 1e3:.0f} ms (1.00x), gradient error vs eager fp32 {relative_error(eager_bf16, reference):.2e}")
+          f"{torch.get_num_threads()} threads, median of {args.rounds} x {args.steps} steps (and the fastest), settings alternated")
+    base = statistics.median(next(iter(eager_times.values())))
+    print(f"eager gradient error (autocast) vs eager fp32: {relative_error(eager_bf16, reference):.2e}")
+    fastest = min(next(iter(eager_times.values())))
+    for name, measured in eager_times.items():
+        median = statistics.median(measured)
+        print(f"{name}: fwd+bwd {median * 1e3:.0f} ms ({median / base:.2f}x; fastest {min(measured) / fastest:.2f}x)")
     for name in settings:
         median = statistics.median(times[name])
-        print(f"{name}: fwd+bwd {median * 1e3:.0f} ms ({median / base:.2f}x), gradient error vs eager fp32 {errors[name]:.2e}")
+        print(
+            f"{name}: fwd+bwd {median * 1e3:.0f} ms ({median / base:.2f}x; fastest {min(times[name]) / fastest:.2f}x), "
+            f"gradient error vs eager fp32 {errors[name]:.2e}"
+        )
+    print("every step, ms:", {name: [round(t * 1e3) for t in measured] for name, measured in {**eager_times, **times}.items()})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ Implementations, one entry point :func:`delta_scan` plus :func:`delta_step` for 
 * ``"chunked"``   -- the WY form: inside a chunk of C tokens the corrected writes
   e_s = beta_s (u_s - a_s S_{s-1} k_s) solve one unit lower-triangular C x C system,
   (I + A) E = diag(beta) U - diag(beta gamma) K M_0 with A_ts = beta_t (gamma_t / gamma_s) k_t.k_s
-  (s < t) and gamma the decay from the chunk's start; then Y = diag(gamma) Q M_0 + (Q K^T o D) E
+  (s < t) and gamma the decay from the chunk's start (inverted by blocked forward substitution); then Y = diag(gamma) Q M_0 + (Q K^T o D) E
   and the state moves on as M = gamma_C M_0 + (K o gamma_C / gamma)^T E. Only one state per chunk
   exists; autograd gives the backward (the solve's too).
 
@@ -88,16 +88,43 @@ def _reference(values, log_a, write, read, beta, initial_state):
     return torch.stack(outputs, 1), state  # (B, L, H, P), (B, H, P, N)
 
 
-@torch.compiler.disable
+def _invert_unit_lower(system: torch.Tensor) -> torch.Tensor:
+    """The inverse of a unit lower-triangular (..., C, C) system, C a power of two.
+
+    Blocked forward substitution, as flash-linear-attention inverts its chunk systems: the inverse of
+    [[L11, 0], [L21, L22]] is [[T11, 0], [-T22 L21 T11, T22]] with T = the blocks' inverses, so
+    starting from 1 x 1 blocks (ones: the diagonal is unit) log2(C) doublings build it from batched
+    matmuls. Why not torch.linalg.solve_triangular: Inductor (torch 2.13, CPU) compiling that solve
+    inside a whole SmolLM2 delta-rule block, backward traced without autocast, gave non-finite
+    gradients (real attention inputs and a random SmolLM2-shaped block alike; eager, aot_eager and
+    the scan compiled alone were finite), and a graph break around it left compiled delta blocks
+    ~10% slower than this (0.73x vs 0.65x of eager's time; benchmarks/compile_backward_precision.py
+    --update-rule delta). These are ordinary ops that compile like the rest of the block; in eager
+    they cost what the solve does."""
+    size = system.shape[-1]
+    if size & (size - 1):
+        raise ValueError(f"_invert_unit_lower: the system's size must be a power of two, got {size}")
+    lead = system.shape[:-2]
+    inverse = system.new_ones(*lead, size, 1, 1)  # (..., C, 1, 1): the inverses of the 1 x 1 diagonal blocks
+    block = 1
+    while block < size:
+        pairs = size // (2 * block)
+        diagonal = system.reshape(*lead, pairs, 2 * block, pairs, 2 * block).diagonal(dim1=-4, dim2=-2)  # (..., 2b, 2b, pairs)
+        lower_left = diagonal.movedim(-1, -3)[..., block:, :block]  # L21 of each 2b x 2b diagonal block: (..., pairs, b, b)
+        upper, lower = inverse[..., 0::2, :, :], inverse[..., 1::2, :, :]  # T11, T22: (..., pairs, b, b)
+        corner = -(lower @ lower_left @ upper)  # (..., pairs, b, b)
+        inverse = torch.cat(
+            [torch.cat([upper, torch.zeros_like(upper)], -1), torch.cat([corner, lower], -1)], -2
+        )  # (..., pairs, 2b, 2b)
+        block *= 2
+    return inverse.reshape(*lead, size, size)
+
+
 def _solve_unit_lower(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """X with system X = rhs, system unit lower-triangular: (..., C, C), (..., C, F) -> (..., C, F).
-
-    Kept out of torch.compile's graphs (a graph break; the solve is an external kernel either way):
-    Inductor (torch 2.13, CPU) compiling it inside a whole SmolLM2 delta-rule block, backward traced
-    without autocast, gave non-finite gradients (on real attention inputs and on a random
-    SmolLM2-shaped block) where eager, aot_eager and the scan compiled alone were finite; outside
-    the graph, compiled delta blocks keep eager's gradients (evals/results/smollm2-135m-hallamonic-fixed)."""
-    return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    Its reference twin is torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    (tests compare them forward and backward)."""
+    return _invert_unit_lower(system) @ rhs
 
 
 def _chunked(values, log_a, write, read, beta, initial_state, chunk: int = CHUNK):

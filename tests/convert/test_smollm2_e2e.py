@@ -80,10 +80,11 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
 def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):
     """The recipe's delta-rule recall block (layer 20: three levels, write maps from k_proj),
     trained compiled in phase 1 under bf16 autocast on its real attention I/O: torch.compile must
-    give eager's gradients. Inductor compiling the chunked delta rule's triangular solve inside this
-    block's graph gave non-finite gradients here (a fresh recipe run stopped at phase 1's first
-    step) where eager and the scan compiled alone were finite (tiny random blocks do not show it; a
-    random SmolLM2-shaped one does: benchmarks/compile_backward_precision.py --update-rule delta)."""
+    give eager's gradients. Inductor compiling torch.linalg.solve_triangular for the chunked delta
+    rule inside this block's graph gave non-finite gradients here (a fresh recipe run stopped at
+    phase 1's first step) where eager and the scan compiled alone were finite (tiny random blocks do
+    not show it; a random SmolLM2-shaped one does: benchmarks/compile_backward_precision.py
+    --update-rule delta); the scan now inverts its chunk systems with ordinary ops instead."""
     if not FINEWEB.is_file():
         pytest.skip(f"{FINEWEB} not found (../shared/data beside the checkout)")
     from hallamonic.convert.phases import MixerStack, capture_attention_io

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hallamonic.modeling.hallamonic_delta_scan import CHUNK, delta_scan, delta_step
+from hallamonic.modeling.hallamonic_delta_scan import CHUNK, _solve_unit_lower, delta_scan, delta_step
 from hallamonic.modeling.hallamonic_selective_scan import MAX_DECAY_RATE
 
 
@@ -60,6 +60,30 @@ def test_chunked_matches_reference_at_extreme_decays_in_fp32(decay):
         torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("size", [1, 2, 8, CHUNK])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_unit_lower_solve_matches_its_reference_twin(size, dtype):
+    """The chunk's solve (blocked inverse times rhs) against torch.linalg.solve_triangular, forward
+    and backward, on the systems the scan builds: beta-weighted Gram matrices of unit keys, here
+    strongly aligned (a shared component, as attention keys have), which makes the inverse's entries
+    grow; the diagonal handed in is not read (unit-triangular)."""
+    generator = torch.Generator().manual_seed(size)
+    keys = torch.nn.functional.normalize(torch.randn(2, 3, size, 16, generator=generator, dtype=torch.float64) + 2.0, dim=-1)
+    beta = torch.rand(2, 3, size, 1, generator=generator, dtype=torch.float64)
+    system = (beta * (keys @ keys.transpose(-1, -2))).tril(-1) + torch.eye(size, dtype=torch.float64)  # (2, 3, C, C)
+    rhs = torch.randn(2, 3, size, 24, generator=generator, dtype=torch.float64)  # (2, 3, C, F)
+    upstream = torch.randn(2, 3, size, 24, generator=generator, dtype=torch.float64)
+    results = []
+    for solve in (_solve_unit_lower, lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True)):
+        leaves = [system.to(dtype).requires_grad_(), rhs.to(dtype).requires_grad_()]
+        out = solve(*leaves)
+        grads = torch.autograd.grad((out * upstream.to(dtype)).sum(), leaves, materialize_grads=True)  # C = 1: no system grad
+        results.append([out, grads[0].tril(-1), grads[1]])  # the diagonal's gradient is not defined by a unit solve
+    tolerance = dict(atol=1e-10, rtol=1e-9) if dtype == torch.float64 else dict(atol=2e-5, rtol=2e-5)
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, **tolerance)
+
+
 def test_steps_continue_a_scan_exactly():
     tensors, h0 = inputs(2, 20, 3, 4, 5, "any", torch.float64, True)
     values, log_a, write, read, beta = (t.detach() for t in tensors)
@@ -94,3 +118,5 @@ def test_bad_shapes_and_backends_are_refused():
         delta_scan(tensors[0], tensors[1][..., :1], *tensors[2:])
     with pytest.raises(ValueError, match="initial_state"):
         delta_scan(*tensors, torch.zeros(1, 2, 3, 5))
+    with pytest.raises(ValueError, match="power of two"):
+        _solve_unit_lower(torch.eye(3), torch.ones(3, 2))
