@@ -97,10 +97,10 @@ def _invert_unit_lower(system: torch.Tensor) -> torch.Tensor:
     matmuls. Why not torch.linalg.solve_triangular: Inductor (torch 2.13, CPU) compiling that solve
     inside a whole SmolLM2 delta-rule block, backward traced without autocast, gave non-finite
     gradients (real attention inputs and a random SmolLM2-shaped block alike; eager, aot_eager and
-    the scan compiled alone were finite), and a graph break around it left compiled delta blocks
-    ~10% slower than this (0.73x vs 0.65x of eager's time; benchmarks/compile_backward_precision.py
-    --update-rule delta). These are ordinary ops that compile like the rest of the block; in eager
-    they cost what the solve does."""
+    the scan compiled alone were finite); a graph break around the solve fixed that but split the
+    block's graph. These are ordinary ops that compile like the rest of the block, with eager's
+    gradients; in eager they cost what the solve does, and compiled they were no slower than the
+    graph break (benchmarks/results/compile-backward-precision/)."""
     size = system.shape[-1]
     if size & (size - 1):
         raise ValueError(f"_invert_unit_lower: the system's size must be a power of two, got {size}")
