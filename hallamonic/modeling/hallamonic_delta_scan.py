@@ -21,9 +21,10 @@ Implementations, one entry point :func:`delta_scan` plus :func:`delta_step` for 
 * ``"chunked"``   -- the WY form: inside a chunk of C tokens the corrected writes
   e_s = beta_s (u_s - a_s S_{s-1} k_s) solve one unit lower-triangular C x C system,
   (I + A) E = diag(beta) U - diag(beta gamma) K M_0 with A_ts = beta_t (gamma_t / gamma_s) k_t.k_s
-  (s < t) and gamma the decay from the chunk's start (inverted by blocked forward substitution); then Y = diag(gamma) Q M_0 + (Q K^T o D) E
-  and the state moves on as M = gamma_C M_0 + (K o gamma_C / gamma)^T E. Only one state per chunk
-  exists; autograd gives the backward (the solve's too).
+  (s < t) and gamma the decay from the chunk's start (inverted by blocked forward substitution);
+  then Y = diag(gamma) Q M_0 + (Q K^T o D) E and the state moves on as
+  M = gamma_C M_0 + (K o gamma_C / gamma)^T E. Only one state per chunk exists; autograd gives the
+  backward (the inverse's too).
 
 The decay is one number per head because the chunk's system A mixes all of a head's value channels
 through k_t.k_s: a decay per value channel would need one C x C system per channel. Callers clamp

@@ -66,7 +66,8 @@ def test_unit_lower_solve_matches_its_reference_twin(size, dtype):
     """The chunk's solve (blocked inverse times rhs) against torch.linalg.solve_triangular, forward
     and backward, on the systems the scan builds: beta-weighted Gram matrices of unit keys, here
     strongly aligned (a shared component, as attention keys have), which makes the inverse's entries
-    grow; the diagonal handed in is not read (unit-triangular)."""
+    grow. The system's gradient is compared below the diagonal only: a unit-triangular solve does
+    not define the diagonal's."""
     generator = torch.Generator().manual_seed(size)
     keys = torch.nn.functional.normalize(torch.randn(2, 3, size, 16, generator=generator, dtype=torch.float64) + 2.0, dim=-1)
     beta = torch.rand(2, 3, size, 1, generator=generator, dtype=torch.float64)
