@@ -89,9 +89,10 @@ def test_loads_without_the_package_with_identical_logits(checkpoint, tmp_path, w
     with torch.no_grad():
         expected = model(ids).logits
     assert result["fp32_module"].startswith("transformers_modules.")  # the copied file, not the package
-    # The same code in two processes: equal up to fp32 rounding, which the delta rule's triangular
-    # solve can amplify (one full-suite CI run measured 3e-5 on 2% of the delta model's logits; not
-    # reproduced alone, where they were bit-identical). A real difference in the code is far larger.
+    # The same code in two processes: equal up to fp32 rounding, which the delta rule's chunk solve
+    # can amplify (one full-suite CI run, with the triangular solve the scan had then, measured 3e-5
+    # on 2% of the delta model's logits; not reproduced alone, where they were bit-identical). A real
+    # difference in the code is far larger.
     torch.testing.assert_close(torch.tensor(result["fp32"]), expected, atol=1e-4, rtol=1e-4)
     assert result["fp32_tied"] and result["bf16_tied"]
     assert result["bf16_dtype"] == "torch.bfloat16"
