@@ -16,7 +16,9 @@ With --into CONVERTED_DIR each variant is also scored in that whole converted mo
 everywhere but LAYERS, the fresh ones there (the teacher with every layer swapped, as swap.py's "all").
 
 Usage: python recall_probe.py LAYERS VARIANT [VARIANT ...] [--steps 180] [--lr 2e-3] [--limit 300] [--train-seqs 48] [--into DIR]
-       [--passkey 256,1024] [--copy-frac 0.5]
+       [--passkey 256,1024] [--copy-frac 0.5] [--copy]
+Option rope=true (e.g. identity/none/rope=true) puts the teacher's RoPE on the block's k and q
+(`RotaryMap`); --copy also runs the copy probe of ../smollm2-135m-copy on the hybrid.
 (needs outputs/smollm2-n64/training/tokens.npy from evals/smollm2_selective.sh). One line per
 variant goes to recall_probe.jsonl beside this file.
 """
@@ -30,6 +32,7 @@ import time
 import types
 
 import torch
+from torch import nn
 
 from hallamonic.convert.surgery import student_config
 from hallamonic.evaluation.data import lambada_texts
@@ -45,13 +48,39 @@ sys.path.insert(0, str(HERE.parent / "smollm2-135m-transfer-probe"))
 from probe import ProbeBlock, parse_variant  # noqa: E402
 
 
+class RotaryMap(nn.Module):
+    """A block's write (k) or read (q) map followed by the teacher's RoPE at positions 0..L-1.
+
+    With identity features and N = head_dim, the decayed linear attention then scores
+    a^(t-s) (R_t q_t) . (R_s k_s) = a^(t-s) q_t . R_(s-t) k_s: relative positions as the teacher's
+    softmax sees them (RetNet's retention is this form). Experiment only: sequences start at
+    position 0 (no cache offset)."""
+
+    def __init__(self, linear: nn.Linear, head_dim: int, rotary: nn.Module):
+        super().__init__()
+        self.linear, self.head_dim, self.rotary = linear, head_dim, rotary
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)  # (B, L, heads * d)
+        heads = y.view(*y.shape[:2], -1, self.head_dim)  # (B, L, heads, d)
+        positions = torch.arange(y.shape[1], device=y.device).unsqueeze(0)  # (1, L)
+        cos, sin = self.rotary(heads, positions)  # (1, L, d) each
+        cos, sin = cos.unsqueeze(2).to(y.dtype), sin.unsqueeze(2).to(y.dtype)  # (1, L, 1, d)
+        half = self.head_dim // 2
+        rotated = torch.cat([-heads[..., half:], heads[..., :half]], dim=-1)  # Llama's rotate_half
+        return (heads * cos + rotated * sin).flatten(2)
+
+
 def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal, y_cal, sink: bool = False, densink: bool = False,
-                features: int = 0) -> ProbeBlock:
+                features: int = 0, rope: bool = False) -> ProbeBlock:
     torch.manual_seed(layer)
     block = ProbeBlock(config, feature, normalise, layer, sink, densink, features)
     for module in block.modules():  # the model's own init (gate timescales, zero up-projections)
         HallamonicPreTrainedModel._init_weights(types.SimpleNamespace(config=config), module)
     block.init_from_attention(teacher.model.layers[layer].self_attn)
+    if rope:  # the teacher's rotary positions on the block's k and q (before calibration)
+        block.state_write = RotaryMap(block.state_write, config.head_dim, teacher.model.rotary_emb)
+        block.state_read = RotaryMap(block.state_read, config.head_dim, teacher.model.rotary_emb)
     if feature == "taylor" and hasattr(block, "fk"):  # Based's projection: the keys' and queries' top directions
         block.set_taylor_basis(x_cal)
     if densink:  # the sink key starts as the teacher's key at the first position (the sink's)
@@ -147,6 +176,7 @@ def main() -> None:
     parser.add_argument("--copy-frac", type=float, default=0.0,
                         help="fraction of the training sequences that repeat a span of their own text (with_copied_spans)")
     parser.add_argument("--into", help="a converted model folder: also score it with the fresh blocks in LAYERS")
+    parser.add_argument("--copy", action="store_true", help="also score the hybrid on ../smollm2-135m-copy/copy_probe.py (gaps 0, 256)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     teacher, tokenizer = load_causal_lm(str(smollm2_gguf_path()))
@@ -168,7 +198,7 @@ def main() -> None:
         for i in layers:
             x_all, y_all = train_io[i]
             blocks[i] = fresh_block(config, feature, normalise, teacher, i, x_all[:2], y_all[:2], options.get("sink") == "true",
-                                   options.get("densink") == "true", int(options.get("features", 0)))
+                                   options.get("densink") == "true", int(options.get("features", 0)), options.get("rope") == "true")
             mse[i] = {"calibrated": normalised_mse(blocks[i], *held[i])}
             if "attnkl" in options:  # Hedgehog's attention-weight distillation first
                 kl = attention_kl(blocks[i], attentions[i], teacher.model.rotary_emb, x_all, int(options["attnkl"]), args.lr, i)
@@ -187,6 +217,13 @@ def main() -> None:
                 lengths = [int(n) for n in args.passkey.split(",")]
                 found = evaluate_passkey(teacher, tokenizer, lengths, trials=10, progress=False)
                 passkey = {"accuracy": found["accuracy"], "key_tokens": {k: round(v, 3) for k, v in found["key_tokens"].items()}}
+            copy = None
+            if args.copy:
+                sys.path.insert(0, str(HERE.parent / "smollm2-135m-copy"))
+                from copy_probe import copy_scores, copy_trials, heldout_stream
+
+                stream = heldout_stream(tokenizer)
+                copy = {f"gap{gap}": copy_scores(teacher, copy_trials(stream, gap, 16)) for gap in (0, 256)}
         whole = None
         if converted is not None:  # every other layer: the converted model's own block
             for i, layer in enumerate(teacher.model.layers):
@@ -201,6 +238,7 @@ def main() -> None:
                **({"copy_frac": args.copy_frac} if args.copy_frac else {}),
                "lambada": {k: result[k] for k in ("accuracy", "perplexity", "n")}, "mse": mse,
                **({"passkey": passkey} if passkey else {}),
+               **({"copy": copy} if copy else {}),
                **({"into": args.into, "lambada_whole": {k: whole[k] for k in ("accuracy", "perplexity", "n")}} if whole else {}),
                "seconds": round(time.time() - start, 1)}
         print(json.dumps(row), flush=True)
