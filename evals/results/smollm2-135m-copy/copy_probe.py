@@ -70,6 +70,13 @@ def copy_scores(model, sequences: list[list[int]]) -> dict:
     }
 
 
+def record(row: dict, name: str) -> None:
+    """Print one result row and append it to the JSONL file `name` beside this script."""
+    print(json.dumps(row), flush=True)
+    with open(HERE / name, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def load(spec: str):
     return load_causal_lm(str(smollm2_gguf_path()) if spec == "teacher" else spec)
 
@@ -105,9 +112,7 @@ def main() -> None:
                 row = {"model": name, "gap": gap, "trials": args.trials}
                 row |= copy_scores(model, copy_trials(stream, gap, args.trials))
             row["seconds"] = round(time.time() - start, 1)
-            print(json.dumps(row), flush=True)
-            with open(HERE / "copy_probe.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+            record(row, "copy_probe.jsonl")
 
 
 if __name__ == "__main__":

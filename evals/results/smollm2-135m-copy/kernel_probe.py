@@ -21,7 +21,6 @@ Appends one line per variant to kernel_probe.jsonl beside this file.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from copy_probe import copy_scores, copy_trials, heldout_stream
+from copy_probe import copy_scores, copy_trials, heldout_stream, record
 from hallamonic.evaluation.passkey import evaluate_passkey
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 
@@ -106,9 +105,7 @@ def main() -> None:
                 row["passkey"] = result["accuracy"]
                 row["key_tokens"] = {k: round(v, 3) for k, v in result["key_tokens"].items()}
         row["seconds"] = round(time.time() - start, 1)
-        print(json.dumps(row), flush=True)
-        with open(HERE / "kernel_probe.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        record(row, "kernel_probe.jsonl")
 
 
 if __name__ == "__main__":
