@@ -137,8 +137,10 @@ def teacher_log_probs(attention, rotary, x) -> torch.Tensor:
 def attention_kl(block, attention, rotary, x_all, steps: int, lr: float, seed: int) -> list[float]:
     """Hedgehog's own objective before the output MSE: fit the block's normalised q.k weights
     (feature maps and write / read maps; no decay) to the teacher's attention probabilities by
-    KL(teacher || block). Returns the loss every 25 steps."""
-    params = [block.state_write.weight, block.state_read.weight, block.fk, block.fq]
+    KL(teacher || block); with rope=true the block's weights see the teacher's positions too.
+    Returns the loss every 25 steps."""
+    maps = [getattr(m, "linear", m) for m in (block.state_write, block.state_read)]  # through a RotaryMap
+    params = [maps[0].weight, maps[1].weight, block.fk, block.fq]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     causal = None
