@@ -9,7 +9,7 @@ earlier span of the same sequence (32-96 tokens, 0-600 tokens back): the copied 
 only to a model that retrieves. `--copies 0` is the control: the same steps on the plain stream.
 
 Usage: python copy_train.py CONVERTED_DIR OUT_DIR [--copies 3] [--steps 150] [--lr 3e-4]
-       [--layers 15-24] (train these layers' mixers only; default all) [--copy-weight 1]
+       [--layers 15-24] (train these layers' mixers only, as in swap.py; default all) [--copy-weight 1]
 Writes a loadable checkpoint to OUT_DIR (the source's files, new weights) and one line to
 copy_train.jsonl beside this file.
 """
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -30,8 +30,13 @@ import torch.nn.functional as F
 
 from hallamonic.convert.phases import compiled_in_place
 from hallamonic.loading import load_causal_lm
+from hallamonic.training.recipe import PhaseSection
+from hallamonic.training.trainer import learning_rate
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "smollm2-135m-layer-swap"))
+from swap import parse_layers  # noqa: E402
+
 SEQ_LEN = 1024
 
 
@@ -46,13 +51,6 @@ def with_copies(seq: np.ndarray, copies: int, rng: random.Random) -> tuple[np.nd
         seq[dst : dst + length] = seq[src : src + length]
         copied[dst + 1 : dst + length] = True
     return seq, copied
-
-
-def parse_layers(text: str | None, count: int) -> list[int]:
-    if not text:
-        return list(range(count))
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
 
 
 def main() -> None:
@@ -72,19 +70,13 @@ def main() -> None:
 
     model, _ = load_causal_lm(args.converted)
     layers = model.model.layers
-    chosen = parse_layers(args.layers, len(layers))
+    chosen = parse_layers(args.layers or "all", len(layers))
     model.requires_grad_(False)
     for i in chosen:
         layers[i].mixer.requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    warmup = 10
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return args.lr * (step + 1) / warmup
-        progress = (step - warmup) / max(1, args.steps - warmup)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    schedule = PhaseSection(steps=args.steps, seq_len=SEQ_LEN, batch_size=1, lr=args.lr)  # phase 2's: 10 warm-up steps, cosine to 0.1x
 
     stream = np.load(Path(args.converted) / "training" / "tokens-phase2.npy")
     starts = list(range(0, len(stream) - SEQ_LEN, SEQ_LEN))
@@ -98,7 +90,7 @@ def main() -> None:
             seq, copied = with_copies(stream[start : start + SEQ_LEN], args.copies, rng)
             ids = torch.from_numpy(seq.astype(np.int64))[None]  # (1, L)
             for group in opt.param_groups:
-                group["lr"] = lr_at(step)
+                group["lr"] = learning_rate(step, schedule)
             logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # (L-1, V)
             token_loss = F.cross_entropy(logits, ids[0, 1:], reduction="none")  # (L-1,)
             weight = torch.ones_like(token_loss)

@@ -191,6 +191,13 @@ def main() -> None:
     texts = lambada_texts(LAMBADA, args.limit)
     attentions = {i: layer.self_attn for i, layer in enumerate(teacher.model.layers)}
     converted = load_causal_lm(args.into)[0] if args.into else None
+    copy_sets = {}  # gap -> the copy probe's trials, built once for every variant
+    if args.copy:
+        sys.path.insert(0, str(HERE.parent / "smollm2-135m-copy"))
+        from copy_probe import copy_scores, copy_trials, heldout_stream
+
+        stream = heldout_stream(tokenizer)
+        copy_sets = {gap: copy_trials(stream, gap, 16) for gap in (0, 256)}
     for variant in args.variants:
         start = time.time()
         feature, normalise, harmonic, options = parse_variant(variant, recipe.harmonic)
@@ -219,13 +226,7 @@ def main() -> None:
                 lengths = [int(n) for n in args.passkey.split(",")]
                 found = evaluate_passkey(teacher, tokenizer, lengths, trials=10, progress=False)
                 passkey = {"accuracy": found["accuracy"], "key_tokens": {k: round(v, 3) for k, v in found["key_tokens"].items()}}
-            copy = None
-            if args.copy:
-                sys.path.insert(0, str(HERE.parent / "smollm2-135m-copy"))
-                from copy_probe import copy_scores, copy_trials, heldout_stream
-
-                stream = heldout_stream(tokenizer)
-                copy = {f"gap{gap}": copy_scores(teacher, copy_trials(stream, gap, 16)) for gap in (0, 256)}
+            copy = {f"gap{gap}": copy_scores(teacher, trials) for gap, trials in copy_sets.items()} if args.copy else None
         whole = None
         if converted is not None:  # every other layer: the converted model's own block
             for i, layer in enumerate(teacher.model.layers):
