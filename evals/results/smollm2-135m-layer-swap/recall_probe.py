@@ -33,6 +33,7 @@ import types
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 from hallamonic.convert.surgery import student_config
 from hallamonic.evaluation.data import lambada_texts
@@ -66,9 +67,7 @@ class RotaryMap(nn.Module):
         positions = torch.arange(y.shape[1], device=y.device).unsqueeze(0)  # (1, L)
         cos, sin = self.rotary(heads, positions)  # (1, L, d) each
         cos, sin = cos.unsqueeze(2).to(y.dtype), sin.unsqueeze(2).to(y.dtype)  # (1, L, 1, d)
-        half = self.head_dim // 2
-        rotated = torch.cat([-heads[..., half:], heads[..., :half]], dim=-1)  # Llama's rotate_half
-        return (heads * cos + rotated * sin).flatten(2)
+        return (heads * cos + rotate_half(heads) * sin).flatten(2)
 
 
 def fresh_block(config, feature: str, normalise: str, teacher, layer: int, x_cal, y_cal, sink: bool = False, densink: bool = False,
@@ -226,7 +225,7 @@ def main() -> None:
                 lengths = [int(n) for n in args.passkey.split(",")]
                 found = evaluate_passkey(teacher, tokenizer, lengths, trials=10, progress=False)
                 passkey = {"accuracy": found["accuracy"], "key_tokens": {k: round(v, 3) for k, v in found["key_tokens"].items()}}
-            copy = {f"gap{gap}": copy_scores(teacher, trials) for gap, trials in copy_sets.items()} if args.copy else None
+            copy = {f"gap{gap}": copy_scores(teacher, trials) for gap, trials in copy_sets.items()} or None
         whole = None
         if converted is not None:  # every other layer: the converted model's own block
             for i, layer in enumerate(teacher.model.layers):
