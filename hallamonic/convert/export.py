@@ -152,6 +152,18 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
             f"The same error measured on the inputs the converted model gives those layers (the teacher's attention restored "
             f"there, blocks everywhere else), before and after `phase2-refit`: {pairs}.",
         ]
+    cache = report.get("copy_cache")
+    if cache:
+        lines += [
+            "",
+            "## Copy cache",
+            "",
+            f"On top of the LM head, exact n-gram recall over token ids (orders {cache['orders']}, {cache['buckets']:,} hash "
+            "buckets each): the token that followed the last earlier occurrence of the current n tokens gets its logit raised "
+            "by softplus(a_n + b_n x the model's entropy). It recalls verbatim repeats at any distance in constant memory; "
+            f"it cannot recall what is asked in other words. Gate fitted on {cache['fit_tokens']:,} training tokens: "
+            f"{cache['nll_before']} -> {cache['nll_after']} nats/token.",
+        ]
     continuations = report.get("continuations") or {}
     if continuations:
         quote = lambda text: text.replace("|", "\\|").replace("\n", " ")  # noqa: E731

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from hallamonic.convert.copy_cache import attach_copy_cache, fit_copy_cache
 from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.export import export, plot_losses
 from hallamonic.convert.phases import (
@@ -328,6 +329,18 @@ def convert(
         results.append(result)
         accelerator.print(f"refit of layers {refit['layers']} on the converted model's inputs: normalised MSE {refit['before']} -> {refit['after']}")
         measure_transfer("phase2-refit")
+    copy_cache = None
+    if "phase2" in phases and recipe.copy_cache.orders:
+        attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets)
+        student.eval()
+        copy_cache = fit_copy_cache(
+            student, _copy_cache_windows(recipe, streams["phase2"]), steps=recipe.copy_cache.fit_steps,
+            lr=recipe.copy_cache.fit_lr, progress=accelerator.is_main_process,
+        )
+        accelerator.print(
+            f"copy cache (orders {copy_cache['orders']}): training-text NLL {copy_cache['nll_before']} -> "
+            f"{copy_cache['nll_after']} nats/token on {copy_cache['fit_tokens']:,} tokens"
+        )
 
     report = {
         "recipe": recipe.name,
@@ -341,6 +354,8 @@ def convert(
     }
     if refit is not None:
         report["refit"] = {"sample": probe_source, **refit}
+    if copy_cache is not None:
+        report["copy_cache"] = copy_cache
     if accelerator.is_main_process:
         student.eval()
         report["heldout"] = _evaluate_for_card(recipe, teacher, student, tokenizer)
@@ -349,6 +364,14 @@ def convert(
         plot_losses(out / "training" / "metrics.jsonl", out / "training" / "loss.png")
     accelerator.wait_for_everyone()
     return report
+
+
+def _copy_cache_windows(recipe: Recipe, stream) -> torch.Tensor:
+    """(W, L) windows of phase-2 training text for the copy cache's fit, drawn by the recipe's seed."""
+    length = min(recipe.copy_cache.fit_length, len(stream))
+    sequences = PackedBatches(stream, length, seed=recipe.seed, source="the phase-2 text").sequences
+    order = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(recipe.seed))
+    return sequences[order[: recipe.copy_cache.fit_windows]]
 
 
 def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:

@@ -117,6 +117,21 @@ class Phase2Section(PhaseSection):
 
 
 @dataclass
+class CopyCacheSection:
+    """The copy cache (exact n-gram recall over token ids, ``hallamonic_copy_cache.py``), attached
+    after phase 2 with its gate fitted on phase-2 training text. Why: the blocks do not copy;
+    measured on SmolLM2 (evals/results/smollm2-135m-induction-cache) it brings passkey and
+    verbatim copying back and lowers held-out bits; it cannot recall what is asked in other words."""
+
+    orders: list = field(default_factory=list)  # n-gram orders ([] = no cache)
+    buckets: int = 65536  # hash-table entries per order (state: 2 x orders x buckets int64 per sequence)
+    fit_windows: int = 48  # windows of phase-2 training text the gate is fitted on
+    fit_length: int = 1024  # tokens per window
+    fit_steps: int = 400  # Adam steps of the fit (2 numbers per order; seconds once the windows are scored)
+    fit_lr: float = 0.05  # its learning rate
+
+
+@dataclass
 class EvalSection:
     context_lengths: list = field(default_factory=lambda: [1024])  # held-out bits/token for the card
     max_windows: int = 4  # windows per length (0 = skip the evaluation)
@@ -135,6 +150,7 @@ class Recipe:
     phase2: Phase2Section = field(default_factory=Phase2Section)
     train: TrainSection = field(default_factory=TrainSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    copy_cache: CopyCacheSection = field(default_factory=CopyCacheSection)
     eval: EvalSection = field(default_factory=EvalSection)
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,6 +251,17 @@ def _validate(recipe: Recipe) -> None:
             raise RecipeError(f"recipe key `{key}` must be a list of [tau_min, tau_max] with 1 <= tau_min <= tau_max, got {bands!r}")
     if recipe.harmonic.recall_layers and recipe.harmonic.recall_timescale_bands is None:
         raise RecipeError("recipe key `harmonic.recall_layers` needs `harmonic.recall_timescale_bands`: the bands those layers take")
+    cache = recipe.copy_cache
+    if not isinstance(cache.orders, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in cache.orders) \
+            or len(set(cache.orders)) != len(cache.orders):
+        raise RecipeError(f"recipe key `copy_cache.orders` must list distinct positive n-gram orders, got {cache.orders!r}")
+    if cache.orders:
+        for key in ("buckets", "fit_windows", "fit_length", "fit_steps"):
+            value = getattr(cache, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise RecipeError(f"recipe key `copy_cache.{key}` must be an integer > 0 when `copy_cache.orders` is set, got {value!r}")
+        if not cache.fit_lr > 0:
+            raise RecipeError(f"recipe key `copy_cache.fit_lr` must be > 0, got {cache.fit_lr!r}")
     lengths = recipe.eval.context_lengths
     if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
         raise RecipeError(f"recipe key `eval.context_lengths` must be positive integers, got {lengths!r}")

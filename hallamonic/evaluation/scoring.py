@@ -75,12 +75,18 @@ def score_tokens(
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     states, head = _final_hidden_or_logits(model, input_ids)  # (B, L, H) or (B, L, V)
+    # A copy cache (Hallamonic's optional n-gram recall) post-processes the head's logits: apply it
+    # slice by slice too. (Without the trunk / head split the model's forward has applied it.)
+    copy_cache = getattr(model, "copy_cache", None) if head is not None else None
+    predictions = model.copy_cache_predictions(input_ids) if copy_cache is not None else None  # (B, L, K)
     targets = input_ids[:, 1:]  # (B, L-1)
     nll_parts, hit_parts = [], []
     for lo in range(start, input_ids.shape[1] - 1, slice_len):
         hi = min(lo + slice_len, input_ids.shape[1] - 1)
         chunk = states[:, lo:hi]  # (B, S, H|V)
         logits = (head(chunk) if head is not None else chunk).float()  # (B, S, V)
+        if copy_cache is not None:
+            logits = copy_cache(logits, predictions[:, lo:hi])
         tgt = targets[:, lo:hi]  # (B, S)
         picked = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # (B, S)
         nll_parts.append((torch.logsumexp(logits, dim=-1) - picked).cpu())

@@ -89,6 +89,13 @@ class HallamonicConfig(PreTrainedConfig):
             also puts biases on ``state_write`` / ``state_read`` (Qwen2's k / q biases).
         forward_chunk_size: when > 0, forward processes long inputs in chunks of this many tokens,
             carrying the recurrent states, so activation memory depends on the chunk, not the length.
+        copy_cache_orders: n-gram orders of the copy cache (``hallamonic_copy_cache.py``; empty = none):
+            for each order n, the token that followed the last earlier occurrence of the current n
+            tokens gets its logit raised by a learned, entropy-gated amount. Why: the blocks do not
+            copy (evals/results/smollm2-135m-copy); exact-match recall over token ids does, in
+            constant memory. An option beyond the seed design, fitted after conversion.
+        copy_cache_buckets: entries of the cache's hash table per order (the recurrent state holds
+            2 x orders x buckets int64 per sequence; collisions forget older n-grams).
         base_model_name_or_path: the teacher this model was converted from (for evaluations).
     """
 
@@ -128,6 +135,8 @@ class HallamonicConfig(PreTrainedConfig):
         update_rule: str = "sum",
         recompute_mixer: bool = False,
         forward_chunk_size: int = 0,
+        copy_cache_orders: list[int] | None = None,
+        copy_cache_buckets: int = 65536,
         base_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
         use_cache: bool = True,
@@ -168,6 +177,8 @@ class HallamonicConfig(PreTrainedConfig):
         self.update_rule = list(update_rule) if isinstance(update_rule, (list, tuple)) else update_rule
         self.recompute_mixer = recompute_mixer
         self.forward_chunk_size = forward_chunk_size
+        self.copy_cache_orders = list(copy_cache_orders) if copy_cache_orders else []
+        self.copy_cache_buckets = copy_cache_buckets
         self.base_model_name_or_path = base_model_name_or_path
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache
@@ -256,6 +267,11 @@ class HallamonicConfig(PreTrainedConfig):
                 f"HallamonicConfig: `taylor_dims` ({self.taylor_dims}) cannot exceed `state_size` ({self.state_size}): "
                 "a Taylor map projects each N-dim query / key down to taylor_dims"
             )
+        orders = self.copy_cache_orders
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in orders) or len(set(orders)) != len(orders):
+            raise ValueError(f"HallamonicConfig: `copy_cache_orders` must list distinct positive n-gram orders, got {orders!r}")
+        if orders:
+            positive_int("copy_cache_buckets")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if self.per_layer_bands and len(self.timescale_bands) != self.num_hidden_layers:

@@ -64,6 +64,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_hallamonic import HallamonicConfig
+from .hallamonic_copy_cache import CopyCacheState, copy_predictions
 from .hallamonic_delta_scan import delta_scan, delta_step
 from .hallamonic_scan import scan, scan_step
 from .hallamonic_selective_scan import MAX_DECAY_RATE, selective_scan, selective_step
@@ -654,6 +655,8 @@ class HallamonicPreTrainedModel(PreTrainedModel):
             init.constant_(module.weight, std * math.sqrt(self.config.hidden_size))
         elif isinstance(module, HallamonicRMSNorm):
             init.ones_(module.weight)
+        elif isinstance(module, CopyCacheHead):
+            init.copy_(module.gate, torch.tensor([COPY_CACHE_GATE_INIT] * module.gate.shape[0]))
 
 
 class HallamonicModel(HallamonicPreTrainedModel):
@@ -758,6 +761,65 @@ class HallamonicModel(HallamonicPreTrainedModel):
         )
 
 
+# --------------------------------------------------------------------------------------------
+# Copy cache (optional): exact n-gram recall over token ids on top of the LM head
+# --------------------------------------------------------------------------------------------
+COPY_CACHE_GATE_INIT = (-10.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
+
+
+class CopyCacheHead(nn.Module):
+    """Raises, for each order n, the logit of the token the copy cache predicts by
+    beta_n(t) = softplus(a_n + b_n H_t), H_t the entropy (nats) of the model's own next-token
+    distribution: the less sure the model, the more it defers to an exact earlier match.
+    ``gate`` (orders, 2) holds (a_n, b_n); a conversion fits it on its training text."""
+
+    def __init__(self, orders: int):
+        super().__init__()
+        self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT] * orders))  # (K, 2)
+
+    def boosts(self, entropy: torch.Tensor) -> torch.Tensor:
+        """(..., K) per-order boosts at positions whose entropy is (...)."""
+        return F.softplus(self.gate[:, 0] + self.gate[:, 1] * entropy[..., None].float())
+
+    def forward(self, logits: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
+        """logits (B, S, V) and the cache's (B, S, K) predicted ids (-1 = none) -> fp32 logits."""
+        logits = logits.float()
+        log_p = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)  # (B, S)
+        boost = self.boosts(entropy) * (predictions >= 0)  # (B, S, K); orders agreeing on a token add up
+        return logits.scatter_add(-1, predictions.clamp(min=0), boost)
+
+
+def _copy_cache_layer(cache: Cache):
+    """The cache layer whose second recurrent slot holds the copy cache's state (layer 0's).
+
+    Why there: transformers' linear-attention cache layers already reorder (beam search), reset and
+    move every slot they own, so the tables follow the batch like the blocks' states do."""
+    layer = cache.layers[0]
+    if layer.number_of_states < 2:
+        layer.number_of_states = 2
+        for slots, empty in (
+            (layer.conv_states, None), (layer.recurrent_states, None), (layer.conv_kernel_size, None),
+            (layer.is_conv_states_initialized, False), (layer.is_recurrent_states_initialized, False),
+            (layer.has_previous_state, False),
+        ):
+            slots.setdefault(1, empty)
+    return layer
+
+
+def _pack_copy_state(state: CopyCacheState) -> torch.Tensor:
+    """(B, R + 2 K M) int64, every id + 1 so that a zeroed (reset) slot reads as empty."""
+    batch = state.tail.shape[0]
+    return torch.cat([state.tail, state.keys.reshape(batch, -1), state.successors.reshape(batch, -1)], dim=1) + 1
+
+
+def _unpack_copy_state(packed: torch.Tensor, orders: int, buckets: int) -> CopyCacheState:
+    values = packed - 1
+    width = values.shape[1] - 2 * orders * buckets
+    tables = values[:, width:].reshape(values.shape[0], 2, orders, buckets)
+    return CopyCacheState(values[:, :width], tables[:, 0], tables[:, 1])
+
+
 class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -766,6 +828,7 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         self.model = HallamonicModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.copy_cache = CopyCacheHead(len(config.copy_cache_orders)) if config.copy_cache_orders else None
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -810,6 +873,9 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         )
         hidden = outputs.last_hidden_state  # (B, logits_to_keep or L, H)
         logits = self.lm_head(hidden)  # (B, L', V)
+        if self.copy_cache is not None:
+            predictions = self.copy_cache_predictions(input_ids, attention_mask, outputs.cache)  # (B, L, K)
+            logits = self.copy_cache(logits, predictions[:, -logits.shape[1] :])
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
@@ -820,6 +886,27 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states
         )
+
+    def copy_cache_predictions(
+        self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None = None, cache: Cache | None = None
+    ) -> torch.Tensor:
+        """(B, L, K) the copy cache's predicted next ids for input_ids (-1 = none), continuing from
+        and updating ``cache``'s tables when one is given. Padding (mask 0) forms no n-grams."""
+        if input_ids is None:
+            raise ValueError("HallamonicForCausalLM: the copy cache reads token ids; pass `input_ids`, not `inputs_embeds`")
+        config = self.config
+        tokens = input_ids
+        if attention_mask is not None:
+            tokens = torch.where(attention_mask[:, -input_ids.shape[1] :].bool(), input_ids, -1)
+        state = None
+        if cache is not None:
+            layer = _copy_cache_layer(cache)
+            if layer.is_recurrent_states_initialized[1]:
+                state = _unpack_copy_state(layer.recurrent_states[1], len(config.copy_cache_orders), config.copy_cache_buckets)
+        predictions, state = copy_predictions(tokens, config.copy_cache_orders, config.copy_cache_buckets, state)
+        if cache is not None:
+            cache.update_recurrent_state(_pack_copy_state(state), 0, state_idx=1)
+        return predictions
 
 
 HallamonicConfig.register_for_auto_class()

@@ -62,6 +62,12 @@ def test_export_is_a_complete_checkpoint(converted):
     assert report["heldout"]["converted"]["bits_per_token"]["128"] > 0
     assert "selective_scan" in (out / "modeling_hallamonic.py").read_text()
     assert config["state_size"] == config["head_dim"]  # the expanded state, maps from the teacher's k/q
+    # the tiny recipe's copy cache: attached after phase 2, its gate fitted, recorded, shipped
+    assert "hallamonic_copy_cache.py" in names and config["copy_cache_orders"] == [1, 2, 3]
+    assert report["copy_cache"]["nll_after"] <= report["copy_cache"]["nll_before"]
+    assert "## Copy cache" in card
+    gate = load_file(out / "model.safetensors")["copy_cache.gate"]
+    assert torch.allclose(gate, torch.tensor(report["copy_cache"]["gate"]), atol=1e-3)
 
 
 def test_attention_transfer_is_measured_at_every_stage(converted):

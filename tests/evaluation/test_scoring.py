@@ -21,6 +21,29 @@ def test_sliced_scores_equal_full_logits(llama):
     torch.testing.assert_close(tail, nll[:, 45:])
 
 
+def test_sliced_scores_apply_the_copy_cache_like_the_forward():
+    """The scorer runs trunk and head itself: a Hallamonic copy cache must post-process each slice."""
+    from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
+
+    torch.manual_seed(0)
+    config = HallamonicConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True, copy_cache_orders=[1, 2], copy_cache_buckets=64,
+    )
+    model = HallamonicForCausalLM(config).eval()
+    with torch.no_grad():
+        model.copy_cache.gate.copy_(torch.tensor([[2.0, 0.1], [3.0, 0.0]]))
+    ids = torch.randint(0, 12, (2, 40))  # a small alphabet: many n-grams repeat
+    with torch.no_grad():
+        logp = model(ids).logits.double().log_softmax(-1)
+        plain = model.lm_head(model.model(ids).last_hidden_state).double().log_softmax(-1)
+    want = -logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    without = -plain[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    nll, _ = score_tokens(model, ids, slice_len=9)
+    torch.testing.assert_close(nll.double(), want, rtol=1e-4, atol=1e-4)
+    assert (nll.double() - without).abs().max() > 0.1  # the cache changed the scores
+
+
 def test_guards(llama):
     assert position_limit(llama) is None  # RoPE: may run past its window
     assert run_guard(llama, 10_000, None) is None

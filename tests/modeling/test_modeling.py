@@ -40,6 +40,8 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
                 param.add_(torch.randn_like(param) * 0.3)
             if "mixer.o_proj" in name or "mixer.v_proj" in name:
                 param.mul_(4.0)
+        if model.copy_cache is not None:  # a closed gate would hide a broken cache: open it wide
+            model.copy_cache.gate.copy_(torch.randn_like(model.copy_cache.gate) * 0.5 + torch.tensor([2.0, 0.0]))
     return model
 
 
@@ -51,11 +53,12 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
         (4, 8, "identity", ["delta", "sum"]), (4, 8, "identity", "sum", MAMBA_VALUE_PATH),
         (4, 8, "identity", ["delta", "sum"], {"timescale_bands": [[[1, 16], [16, 256], [256, 4096]], [[1, 64], [64, 4096]]]}),
         (0, 8, "taylor", "sum", {"taylor_dims": 4}), (4, 8, ["taylor", "identity"], ["sum", "delta"], {"taylor_dims": 3}),
+        (4, 8, "identity", "sum", {"copy_cache_orders": [1, 2], "copy_cache_buckets": 8}),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
         "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path", "per-layer-levels",
-        "taylor", "taylor-short-conv-beside-delta",
+        "taylor", "taylor-short-conv-beside-delta", "copy-cache",
     ],
 )
 def model(request) -> HallamonicForCausalLM:
@@ -67,7 +70,9 @@ def model(request) -> HallamonicForCausalLM:
     per layer beside a summing one), and Mamba's value path (write/read vectors from the activated,
     filtered value stream, with its D skip; only v then goes through the conv), and layers with
     different numbers of levels (three, then two: states of two level counts in one cache), and
-    Taylor features (alone, and beside a delta-rule layer: 1 + M + M(M+1)/2 features per row)."""
+    Taylor features (alone, and beside a delta-rule layer: 1 + M + M(M+1)/2 features per row), and
+    the copy cache (its n-gram tables carried in the cache beside the blocks' states; 8 buckets, so
+    collisions happen)."""
     short_conv_size, state_size, feature_map, *rest = request.param
     return stateful_model(
         short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map,
@@ -179,6 +184,9 @@ def test_cache_size_is_constant_in_generated_length(model):
     expected = sum(
         (len(model.config.layer_timescale_bands(i)) + taps) * 32 * features[model.config.layer_feature_map(i)] * 4 for i in range(2)
     )
+    orders = model.config.copy_cache_orders
+    if orders:  # the last max(orders) tokens and, per order, each bucket's hash and successor: int64
+        expected += (max(orders) + 2 * len(orders) * model.config.copy_cache_buckets) * 8
     assert short == long == expected
 
 

@@ -22,6 +22,7 @@ REMOTE_FILES = {
     "hallamonic_selective_scan.py",
     "hallamonic_selective_scan_triton.py",
     "hallamonic_delta_scan.py",
+    "hallamonic_copy_cache.py",
 }
 
 # Runs in a clean interpreter where `hallamonic` cannot be imported (see tests/conftest.py).
@@ -45,8 +46,11 @@ json.dump(result, open(out_path, "w"))
 
 @pytest.fixture(
     scope="module",
-    params=[(1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"]), (8, "identity", "delta")],
-    ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta"],
+    params=[
+        (1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"]), (8, "identity", "delta"),
+        (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32}),
+    ],
+    ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta", "copy-cache"],
 )
 def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
     torch.manual_seed(0)
@@ -54,12 +58,15 @@ def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
         vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, tie_word_embeddings=True, output_gate=True, state_size=request.param[0],
         feature_map=request.param[1], update_rule=request.param[2] if len(request.param) > 2 else "sum",
+        **(request.param[3] if len(request.param) > 3 else {}),
     )
     model = HallamonicForCausalLM(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if ".mixer." in name:
                 param.add_(torch.randn_like(param) * 0.2)
+        if model.copy_cache is not None:  # open the gate so that the cache shows in the logits
+            model.copy_cache.gate.copy_(torch.tensor([[1.0, 0.2], [2.0, 0.0], [0.5, 0.5]]))
     path = tmp_path_factory.mktemp("ckpt")
     model.save_pretrained(path)
     return path, model
@@ -112,6 +119,6 @@ def test_remote_files_import_only_allowed_modules_and_do_no_io():
             match = re.match(r"^(?:from|import)\s+([\w.]+)", line)  # top-level imports only
             if match:
                 root = match.group(1).split(".")[0]
-                assert root in {"__future__", "math", "os", "torch", "transformers", "typing", "functools"} or match.group(1).startswith("."), (
+                assert root in {"__future__", "math", "os", "torch", "transformers", "typing", "functools", "dataclasses"} or match.group(1).startswith("."), (
                     f"{name} imports {match.group(1)} at top level"
                 )
