@@ -55,6 +55,11 @@
 #       evals/results/smollm2-135m-hallamonic-fixed (the runs above with bf16 autocast and compiled blocks ran those blocks' backward in bf16)
 #     and its second seed (the fixes' bits gain did not reproduce): NAME=converted-fixed-seed1 bash evals/smollm2_selective.sh \
 #       outputs/smollm2-fixed-seed1 evals/results/smollm2-135m-hallamonic-fixed-seed1 --set seed=1
+#   the recipe now (since 2026-12-06 it ends with the copy cache): its seed-0 run above resumed with the cache
+#     (cp -r outputs/smollm2-fixed outputs/smollm2-fixed-cache; hallamonic convert outputs/smollm2-fixed-cache/training/recipe.yaml
+#     -o outputs/smollm2-fixed-cache --resume --set 'copy_cache.orders=[1,2,3,4,6,8]'), then
+#     NAME=converted-copy-cache bash evals/smollm2_selective.sh outputs/smollm2-fixed-cache evals/results/smollm2-135m-hallamonic-copy-cache
+#     (to rerun a run above without it: --set 'copy_cache.orders=[]')
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}

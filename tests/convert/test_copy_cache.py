@@ -57,6 +57,9 @@ def test_fit_opens_the_gate_where_copying_pays_and_lowers_the_loss():
         plain_logits = model.lm_head(model.model(fresh).last_hidden_state)
         plain = torch.nn.functional.cross_entropy(plain_logits[:, :-1].reshape(-1, 40), fresh[:, 1:].reshape(-1))
     assert cached < plain - 0.3
+    model.copy_cache = None  # how a user turns it off (e.g. for open-ended generation)
+    with torch.no_grad():
+        torch.testing.assert_close(model(fresh).logits, plain_logits)
 
 
 def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path):
