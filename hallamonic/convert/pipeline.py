@@ -92,7 +92,7 @@ def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
 
 def _tokens_needed(recipe: Recipe, world: int, stream: str = "all") -> int:
     """Tokens a training stream must hold: ``"transfer"`` (phase 1 and its focus), ``"phase2"``
-    (phase 2 and its refit) or ``"all"`` (both, when they read the same source)."""
+    (phase 2, its refit and the copy cache's fit) or ``"all"`` (both, when they read the same source)."""
     p1, p2 = recipe.phase1, recipe.phase2
 
     def read_by(phase) -> int:  # tokens its steps read across every process
@@ -101,7 +101,8 @@ def _tokens_needed(recipe: Recipe, world: int, stream: str = "all") -> int:
     phase1 = min(read_by(p1), _pool_tokens(recipe)) if _pool_tokens(recipe) else read_by(p1)  # a pool is cycled over
     needs = {
         "transfer": [phase1, p1.focus_pool * p1.seq_len * (p1.focus_steps > 0)],
-        "phase2": [read_by(p2), p2.refit_pool * p1.seq_len * (p2.refit_steps > 0)],
+        "phase2": [read_by(p2), p2.refit_pool * p1.seq_len * (p2.refit_steps > 0),
+                   recipe.copy_cache.fit_windows * recipe.copy_cache.fit_length * bool(recipe.copy_cache.orders)],
     }
     wanted = needs["transfer"] + needs["phase2"] if stream == "all" else needs[stream]
     longest = max(p1.seq_len, p2.seq_len)

@@ -873,9 +873,10 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         )
         hidden = outputs.last_hidden_state  # (B, logits_to_keep or L, H)
         logits = self.lm_head(hidden)  # (B, L', V)
-        if self.copy_cache is not None:
-            predictions = self.copy_cache_predictions(input_ids, attention_mask, outputs.cache)  # (B, L, K)
-            logits = self.copy_cache(logits, predictions[:, -logits.shape[1] :])
+        if self.copy_cache is not None:  # continues from a given cache's tables; updates them when the trunk updates its states
+            tables = outputs.cache if outputs.cache is not None else cache
+            predictions = self.copy_cache_predictions(input_ids, attention_mask, tables, update=outputs.cache is not None)
+            logits = self.copy_cache(logits, predictions[:, -logits.shape[1] :])  # predictions: (B, L, K)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
@@ -888,10 +889,15 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         )
 
     def copy_cache_predictions(
-        self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None = None, cache: Cache | None = None
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        update: bool = True,
     ) -> torch.Tensor:
         """(B, L, K) the copy cache's predicted next ids for input_ids (-1 = none), continuing from
-        and updating ``cache``'s tables when one is given. Padding (mask 0) forms no n-grams."""
+        ``cache``'s tables when one is given (and, with ``update``, writing them back). Padding
+        (mask 0) forms no n-grams."""
         if input_ids is None:
             raise ValueError("HallamonicForCausalLM: the copy cache reads token ids; pass `input_ids`, not `inputs_embeds`")
         config = self.config
@@ -904,7 +910,7 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
             if layer.is_recurrent_states_initialized[1]:
                 state = _unpack_copy_state(layer.recurrent_states[1], len(config.copy_cache_orders), config.copy_cache_buckets)
         predictions, state = copy_predictions(tokens, config.copy_cache_orders, config.copy_cache_buckets, state)
-        if cache is not None:
+        if cache is not None and update:
             cache.update_recurrent_state(_pack_copy_state(state), 0, state_idx=1)
         return predictions
 

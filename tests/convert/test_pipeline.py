@@ -467,7 +467,8 @@ def test_focus_layers_outside_the_model_are_refused_before_the_folder_is_made(tm
 
 
 def test_the_token_stream_covers_the_focus_and_refit_pools():
-    """A focus or refit pool larger than what phase 1 and 2 read still gets its sequences tokenized."""
+    """A focus or refit pool (or the copy cache's fit windows) larger than what phase 1 and 2 read
+    still gets its sequences tokenized."""
     base = load_recipe("tiny", FAST)
     seq_len = base.phase1.seq_len
     plain = pipeline._tokens_needed(base, world=1)
@@ -477,6 +478,10 @@ def test_the_token_stream_covers_the_focus_and_refit_pools():
     assert pipeline._tokens_needed(focus, world=1) >= 400 * seq_len > plain
     unused = load_recipe("tiny", FAST + ["phase2.refit_pool=500"])  # no refit steps: its pool is not read
     assert pipeline._tokens_needed(unused, world=1) == plain
+    cache = load_recipe("tiny", FAST + ["copy_cache.fit_windows=300"])  # the copy cache's fit reads phase-2 text too
+    assert pipeline._tokens_needed(cache, world=1) >= 300 * cache.copy_cache.fit_length > plain
+    no_cache = load_recipe("tiny", FAST + ["copy_cache.fit_windows=300", "copy_cache.orders=[]"])
+    assert pipeline._tokens_needed(no_cache, world=1) <= plain
 
 
 def test_a_separate_phase2_source_gets_its_own_stream_sized_for_phase2_and_the_refit():

@@ -46,6 +46,7 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
          "phase1.seq_len=128", "phase1.batch_size=1", "phase2.steps=1", "phase2.seq_len=128",
          "phase1.focus_steps=2", "phase1.focus_pool=2",  # the recipe's phase1-focus on layers 20-24, briefly
          "phase2.refit_steps=2", "phase2.refit_pool=2",  # and its phase2-refit of layer 23
+         "copy_cache.fit_windows=2", "copy_cache.fit_length=256",  # and its copy cache, fitted on little
          "phase2.lr=5.0e-4",  # pinned: the one step's size must not follow the recipe's tuned lr
          "phase1.compile=false",  # compiling costs minutes; test_phases checks compiled == eager
          "phase2.compile=false",
@@ -75,6 +76,8 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
     assert gguf.name in card and str(gguf) not in card and "phase1" in card  # the teacher by its file name only
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and config["base_model_name_or_path"] == gguf.name
+    assert config["copy_cache_orders"] == report["copy_cache"]["orders"] == [1, 2, 3, 4, 6, 8]
+    assert model.copy_cache is not None and report["copy_cache"]["fit_tokens"] == 2 * 255
 
 
 def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):

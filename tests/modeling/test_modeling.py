@@ -110,6 +110,19 @@ def test_prefill_then_steps_equals_full_forward(model):
     torch.testing.assert_close(torch.cat(per_step, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_a_given_cache_is_continued_and_left_alone_without_use_cache(model):
+    """use_cache=False with a cache continues from it (blocks' states and copy-cache tables alike)
+    and writes nothing back, so a later step still continues from the prefill."""
+    ids = torch.randint(0, 97, (2, 30))
+    with torch.no_grad():
+        cache = model(ids[:, :20], use_cache=True).cache
+        peek = model(ids[:, 20:25], cache=cache, use_cache=False).logits
+        step = model(ids[:, 20:25], cache=cache, use_cache=True).logits
+        full = model(ids[:, :25], use_cache=False).logits[:, 20:]
+    torch.testing.assert_close(peek, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
 def test_greedy_generate_equals_argmax_loop(model):
     prompt = torch.tensor([[3, 14, 15, 9, 26]])
     with torch.no_grad():
