@@ -40,6 +40,11 @@ per head and 2N features. ``feature_map="taylor"`` uses Based's map instead: phi
 ``taylor_dims`` M dims (1 + M + M(M+1)/2 features; a conversion starts W at the principal
 directions of the teacher's keys and queries), with the same normalised read-out.
 
+Optionally (``copy_cache_orders``) an exact n-gram copy cache sits on the LM head: the token that
+followed the last earlier occurrence of the current n tokens gets its logit raised by a fitted,
+entropy-gated amount (``CopyCacheHead``; tables in ``hallamonic_copy_cache.py``, carried in the
+generation cache). The blocks do not copy verbatim; this recalls exact repeats at any distance.
+
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
 one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache
 (with a feature map: 2 x channels rows of its F features).
@@ -770,7 +775,8 @@ COPY_CACHE_GATE_INIT = (-10.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitt
 class CopyCacheHead(nn.Module):
     """Raises, for each order n, the logit of the token the copy cache predicts by
     beta_n(t) = softplus(a_n + b_n H_t), H_t the entropy (nats) of the model's own next-token
-    distribution: the less sure the model, the more it defers to an exact earlier match.
+    distribution: how far to trust an exact earlier match can depend on how sure the model is (fitted
+    on SmolLM2: short orders count more where it is unsure, the 8-gram most where it is sure).
     ``gate`` (orders, 2) holds (a_n, b_n); a conversion fits it on its training text."""
 
     def __init__(self, orders: int):
