@@ -53,9 +53,8 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
         preds = model.copy_cache_predictions(ids)[0, :-1]  # (L-1, K)
         target = ids[0, 1:]  # (L-1,)
         valid = preds >= 0
-        log_p = torch.log_softmax(logits, -1)
         parts["lse"].append(torch.logsumexp(logits, -1))
-        parts["entropy"].append(-(log_p.exp() * log_p).sum(-1))
+        parts["entropy"].append(CopyCacheHead.entropy(logits))
         parts["target"].append(logits.gather(-1, target[:, None])[:, 0])
         parts["pred_logit"].append(logits.gather(-1, preds.clamp(min=0)))
         parts["valid"].append(valid)

@@ -783,6 +783,12 @@ class CopyCacheHead(nn.Module):
         super().__init__()
         self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT] * orders))  # (K, 2)
 
+    @staticmethod
+    def entropy(logits: torch.Tensor) -> torch.Tensor:
+        """(...) entropy in nats of the next-token distributions of logits (..., V), in fp32."""
+        log_p = torch.log_softmax(logits.float(), dim=-1)
+        return -(log_p.exp() * log_p).sum(-1)
+
     def boosts(self, entropy: torch.Tensor) -> torch.Tensor:
         """(..., K) per-order boosts at positions whose entropy is (...)."""
         return F.softplus(self.gate[:, 0] + self.gate[:, 1] * entropy[..., None].float())
@@ -790,9 +796,7 @@ class CopyCacheHead(nn.Module):
     def forward(self, logits: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
         """logits (B, S, V) and the cache's (B, S, K) predicted ids (-1 = none) -> fp32 logits."""
         logits = logits.float()
-        log_p = torch.log_softmax(logits, dim=-1)
-        entropy = -(log_p.exp() * log_p).sum(-1)  # (B, S)
-        boost = self.boosts(entropy) * (predictions >= 0)  # (B, S, K); orders agreeing on a token add up
+        boost = self.boosts(self.entropy(logits)) * (predictions >= 0)  # (B, S, K); orders agreeing on a token add up
         return logits.scatter_add(-1, predictions.clamp(min=0), boost)
 
 
