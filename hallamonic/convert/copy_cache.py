@@ -3,8 +3,9 @@
 The converted blocks do not copy: a span of text seen before is predicted no better the second
 time (evals/results/smollm2-135m-copy). The copy cache (``hallamonic_copy_cache.py``) recalls,
 for each n-gram order, the token that followed the last earlier occurrence of the current n
-tokens; :class:`CopyCacheHead` raises its logit by softplus(a_n + b_n H_t), H_t the model's own
-entropy. Only those 2 x orders numbers are fitted, by cross-entropy on training text with the
+tokens; :class:`CopyCacheHead` raises its logit by softplus(a_n + b_n H_t + f_n log p_t(v_n)), H_t
+the model's own entropy and p_t(v_n) its own probability of that token. Only those 3 x orders numbers
+are fitted, by cross-entropy on training text with the
 model's logits fixed, so the fit needs one forward over the windows and then seconds: per scored
 position it keeps the logsumexp, the entropy, the target's logit and the predicted tokens' logits,
 from which the cached model's loss follows exactly for any gate (``cached_nll``).
@@ -26,7 +27,7 @@ from hallamonic.modeling.modeling_hallamonic import CopyCacheHead, HallamonicFor
 # The fit starts every order at a boost of softplus(-2) = 0.13 nats, not at the closed gate the
 # model is built with: there softplus's slope is 5e-5 and the fit stopped short (SmolLM2, the recipe's 48 windows:
 # 3.2410 nats/token from the closed gate, 3.2393 from here, long orders then open where the model is sure).
-FIT_START = (-2.0, 0.0)
+FIT_START = (-2.0, 0.0, 0.0)
 
 
 def attach_copy_cache(model: HallamonicForCausalLM, orders: list[int], buckets: int) -> CopyCacheHead:
@@ -66,12 +67,12 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
 def cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     """Mean next-token NLL (nats) of the model with `head` on the statistics' positions; exact
     (equal to scoring the cached model's logits), differentiable in the gate."""
-    boosts = head.boosts(stats["entropy"]) * stats["valid"]  # (P, K)
+    log_p = stats["pred_logit"] - stats["lse"][:, None]  # (P, K): the model's log p of each predicted token
+    boosts = head.boosts(stats["entropy"], log_p) * stats["valid"]  # (P, K)
     same = stats["same"].float()  # (P, K, K)
     total = (same @ boosts[:, :, None])[..., 0]  # (P, K): each predicted token's boost, agreeing orders summed
     once = stats["valid"].float() / same.sum(-1).clamp(min=1)  # a token several orders predict counts once
-    p_pred = (stats["pred_logit"] - stats["lse"][:, None]).exp()  # (P, K)
-    lse = stats["lse"] + torch.log1p((once * p_pred * total.expm1()).sum(-1))
+    lse = stats["lse"] + torch.log1p((once * log_p.exp() * total.expm1()).sum(-1))
     target = stats["target"] + (stats["hit"].float() * boosts).sum(-1)
     return (lse - target).mean()
 
@@ -100,7 +101,7 @@ def fit_copy_cache(
     return {
         "orders": list(model.config.copy_cache_orders),
         "buckets": model.config.copy_cache_buckets,
-        "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n
+        "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n, f_n
         "fit_tokens": int(stats["lse"].numel()),
         "nll_before": round(before, 4),
         "nll_after": round(after, 4),

@@ -160,7 +160,7 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
             "",
             f"On top of the LM head, exact n-gram recall over token ids (orders {cache['orders']}, {cache['buckets']:,} hash "
             "buckets each): the token that followed the last earlier occurrence of the current n tokens gets its logit raised "
-            "by softplus(a_n + b_n x the model's entropy). It recalls verbatim repeats at any distance in constant memory; "
+            "by softplus(a_n + b_n x the model's entropy + f_n x the model's log-probability of that token). It recalls verbatim repeats at any distance in constant memory; "
             f"it cannot recall what is asked in other words. Gate fitted on {cache['fit_tokens']:,} training tokens: "
             f"{cache['nll_before']} -> {cache['nll_after']} nats/token.",
         ]

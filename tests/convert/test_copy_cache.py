@@ -35,7 +35,7 @@ def test_the_fit_loss_is_the_cached_models_own_loss():
     model = tiny_model()
     attach_copy_cache(model, [1, 2, 4], 64)
     with torch.no_grad():
-        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3], [1.5, -0.1], [2.0, 0.2]]))
+        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4], [1.5, -0.1, 0.0], [2.0, 0.2, 0.3]]))
     windows = repeating_windows(3, 50)
     stats = copy_cache_statistics(model, windows, progress=False)
     with torch.no_grad():

@@ -81,6 +81,18 @@ def ngram_predictions(ids: torch.Tensor, orders: list[int]) -> torch.Tensor:
     return out
 
 
+def hit_streaks(ids: torch.Tensor, preds: torch.Tensor) -> torch.Tensor:
+    """(B, L, K) int64: per order, for how many consecutive positions before t its prediction was
+    right (the copy has been running that long): a match's length beyond the order itself."""
+    length = ids.shape[1]
+    hit = torch.zeros_like(preds, dtype=torch.bool)
+    hit[:, :-1] = (preds[:, :-1] == ids[:, 1:, None]) & (preds[:, :-1] >= 0)  # position s predicted s+1
+    positions = torch.arange(length)[None, :, None].expand_as(preds)
+    last_miss = torch.where(hit, -1, positions).cummax(1).values  # (B, L, K): latest miss at or before s
+    missed_before = torch.nn.functional.pad(last_miss, (0, 0, 1, 0), value=-1)[:, :length]  # latest miss before t
+    return positions - 1 - missed_before
+
+
 def seen_mask(ids: torch.Tensor, vocab: int) -> torch.Tensor:
     """(B, L, V) bool: token v occurs in ids[.., :t+1] (every n-gram prediction is such a token)."""
     batch, length = ids.shape
@@ -99,21 +111,34 @@ class CacheGate(nn.Module):
     """How much each cue raises a logit, as a function of the model's own entropy H_t (nats):
     beta_n(t) = softplus(a_n + b_n H_t) for the order-n match's token, and, with `seen`,
     gamma(t) = softplus(c + d H_t) for every token already in the context (a unigram cache).
-    Without `entropy` the slopes b_n, d stay 0: one constant per cue."""
+    Without `entropy` the slopes b_n, d stay 0: one constant per cue. With `streak`, beta_n also
+    reads e_n log(1 + r_n(t)), r_n the order's run of right predictions just before t; with
+    `logp`, f_n log p_t(v_n), the model's own log-probability of the order's token."""
 
-    def __init__(self, orders: int, entropy: bool, seen: bool):
+    def __init__(self, orders: int, entropy: bool, seen: bool, streak: bool = False, logp: bool = False):
         super().__init__()
-        self.entropy, self.seen = entropy, seen
+        self.entropy, self.seen, self.streak, self.logp = entropy, seen, streak, logp
+        self.logp_weights = nn.Parameter(torch.zeros(orders))  # (K,): f_n
         self.order_weights = nn.Parameter(torch.tensor([[-2.0, 0.0]] * orders))  # (K, 2): a_n, b_n
+        self.streak_weights = nn.Parameter(torch.zeros(orders))  # (K,): e_n
         self.seen_weights = nn.Parameter(torch.tensor([[-4.0, 0.0]]))  # (1, 2): c, d
 
     def _gate(self, weights: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
         slope = weights[:, 1] if self.entropy else torch.zeros_like(weights[:, 1])
         return nn.functional.softplus(weights[:, 0] + slope * entropy[..., None])  # (..., rows)
 
-    def betas(self, entropy: torch.Tensor) -> torch.Tensor:
-        """(..., K) per-order boosts at positions with entropy (...)."""
-        return self._gate(self.order_weights, entropy)
+    def betas(self, entropy: torch.Tensor, streaks: torch.Tensor | None = None, logp: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., K) per-order boosts at positions with entropy (...), runs (..., K) and the
+        predicted tokens' log-probabilities (..., K)."""
+        if not (self.streak or self.logp):
+            return self._gate(self.order_weights, entropy)
+        slope = self.order_weights[:, 1] if self.entropy else torch.zeros_like(self.order_weights[:, 1])
+        x = self.order_weights[:, 0] + slope * entropy[..., None]  # (..., K)
+        if self.streak:
+            x = x + self.streak_weights * torch.log1p(streaks.float())
+        if self.logp:
+            x = x + self.logp_weights * logp.clamp(min=-30)
+        return nn.functional.softplus(x)
 
     def gamma(self, entropy: torch.Tensor) -> torch.Tensor:
         """(...) the boost of every seen token (0 without `seen`)."""
@@ -121,6 +146,10 @@ class CacheGate(nn.Module):
 
     def describe(self) -> dict:
         rows = {"orders_a_b": [[round(x, 3) for x in row] for row in self.order_weights.tolist()]}
+        if self.logp:
+            rows["logp_f"] = [round(x, 3) for x in self.logp_weights.tolist()]
+        if self.streak:
+            rows["streak_e"] = [round(x, 3) for x in self.streak_weights.tolist()]
         if self.seen:
             rows["seen_c_d"] = [round(x, 3) for x in self.seen_weights[0].tolist()]
         return rows
@@ -137,7 +166,9 @@ class CachedLM(nn.Module):
         logits = self.model(input_ids=input_ids, **kwargs).logits.float()  # (B, L, V)
         entropy = entropy_of(logits)  # (B, L)
         preds = ngram_predictions(input_ids.cpu(), self.orders).to(logits.device)  # (B, L, K)
-        boost = self.gate.betas(entropy) * (preds >= 0)  # (B, L, K)
+        streaks = hit_streaks(input_ids.cpu(), preds.cpu()).to(logits.device)
+        logp = torch.log_softmax(logits, -1).gather(-1, preds.clamp(min=0))  # (B, L, K)
+        boost = self.gate.betas(entropy, streaks, logp) * (preds >= 0)  # (B, L, K)
         logits = logits.scatter_add(-1, preds.clamp(min=0), boost)
         if self.gate.seen:
             logits = logits + self.gate.gamma(entropy)[..., None] * seen_mask(input_ids, logits.shape[-1])
@@ -149,12 +180,14 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int]) -> dict:
     """Per scored position: logsumexp, entropy, target logit, the K predicted tokens' logits, which
     of them are present / equal to each other / equal to the target, the probability mass on
     tokens already seen and whether the target is one (all the fit needs)."""
-    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "hit", "p_seen", "target_seen")
+    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "hit", "p_seen", "target_seen", "streak")
     parts = {key: [] for key in keys}
     for window in tqdm(windows, desc="fit windows", unit="window"):
         ids = torch.tensor([window])  # (1, L)
         logits = model(input_ids=ids, use_cache=False).logits.float()[0, :-1]  # (L-1, V)
-        preds = ngram_predictions(ids, orders)[0, :-1]  # (L-1, K)
+        all_preds = ngram_predictions(ids, orders)  # (1, L, K)
+        parts["streak"].append(hit_streaks(ids, all_preds)[0, :-1])
+        preds = all_preds[0, :-1]  # (L-1, K)
         seen = seen_mask(ids, logits.shape[-1])[0, :-1]  # (L-1, V)
         target = ids[0, 1:]  # (L-1,)
         valid = preds >= 0
@@ -172,7 +205,7 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int]) -> dict:
 
 def cached_nll(stats: dict, gate: CacheGate) -> torch.Tensor:
     """Mean NLL (nats) of the cached model on the fit positions, differentiable in the gate."""
-    betas = gate.betas(stats["entropy"])  # (P, K)
+    betas = gate.betas(stats["entropy"], stats["streak"], stats["pred_logit"] - stats["lse"][:, None])  # (P, K)
     gamma = gate.gamma(stats["entropy"])  # (P,)
     same = stats["same"].float()  # (P, K, K)
     boost = (same @ betas[:, :, None])[..., 0]  # (P, K): orders that agree on a token add up
@@ -201,6 +234,9 @@ GATES = {  # name -> (entropy slopes, unigram "seen" cue)
     "const": (False, False),
     "entropy": (True, False),
     "entropy-seen": (True, True),
+    "entropy-streak": (True, False, True),
+    "entropy-logp": (True, False, False, True),
+    "entropy-streak-logp": (True, False, True, True),
 }
 
 
