@@ -81,6 +81,17 @@ def ngram_predictions(ids: torch.Tensor, orders: list[int]) -> torch.Tensor:
     return out
 
 
+def exclude_overruled(preds: torch.Tensor) -> torch.Tensor:
+    """(..., K) predictions with each order's dropped (-1) where a longer order matched and points at
+    a different token (backoff as in PPM: the longest context that matched decides)."""
+    out = preds.clone()
+    for k in range(preds.shape[-1] - 1):
+        longer = preds[..., k + 1 :]
+        overruled = ((longer >= 0) & (longer != preds[..., k : k + 1])).any(-1)
+        out[..., k] = torch.where(overruled, -1, preds[..., k])
+    return out
+
+
 def hit_streaks(ids: torch.Tensor, preds: torch.Tensor) -> torch.Tensor:
     """(B, L, K) int64: per order, for how many consecutive positions before t its prediction was
     right (the copy has been running that long): a match's length beyond the order itself."""
@@ -115,9 +126,10 @@ class CacheGate(nn.Module):
     reads e_n log(1 + r_n(t)), r_n the order's run of right predictions just before t; with
     `logp`, f_n log p_t(v_n), the model's own log-probability of the order's token."""
 
-    def __init__(self, orders: int, entropy: bool, seen: bool, streak: bool = False, logp: bool = False):
+    def __init__(self, orders: int, entropy: bool, seen: bool, streak: bool = False, logp: bool = False,
+                 backoff: bool = False):
         super().__init__()
-        self.entropy, self.seen, self.streak, self.logp = entropy, seen, streak, logp
+        self.entropy, self.seen, self.streak, self.logp, self.backoff = entropy, seen, streak, logp, backoff
         self.logp_weights = nn.Parameter(torch.zeros(orders))  # (K,): f_n
         self.order_weights = nn.Parameter(torch.tensor([[-2.0, 0.0]] * orders))  # (K, 2): a_n, b_n
         self.streak_weights = nn.Parameter(torch.zeros(orders))  # (K,): e_n
@@ -166,6 +178,8 @@ class CachedLM(nn.Module):
         logits = self.model(input_ids=input_ids, **kwargs).logits.float()  # (B, L, V)
         entropy = entropy_of(logits)  # (B, L)
         preds = ngram_predictions(input_ids.cpu(), self.orders).to(logits.device)  # (B, L, K)
+        if self.gate.backoff:
+            preds = exclude_overruled(preds)
         streaks = hit_streaks(input_ids.cpu(), preds.cpu()).to(logits.device)
         logp = torch.log_softmax(logits, -1).gather(-1, preds.clamp(min=0))  # (B, L, K)
         boost = self.gate.betas(entropy, streaks, logp) * (preds >= 0)  # (B, L, K)
@@ -176,7 +190,7 @@ class CachedLM(nn.Module):
 
 
 @torch.no_grad()
-def fit_statistics(model, windows: list[list[int]], orders: list[int]) -> dict:
+def fit_statistics(model, windows: list[list[int]], orders: list[int], backoff: bool = False) -> dict:
     """Per scored position: logsumexp, entropy, target logit, the K predicted tokens' logits, which
     of them are present / equal to each other / equal to the target, the probability mass on
     tokens already seen and whether the target is one (all the fit needs)."""
@@ -186,6 +200,8 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int]) -> dict:
         ids = torch.tensor([window])  # (1, L)
         logits = model(input_ids=ids, use_cache=False).logits.float()[0, :-1]  # (L-1, V)
         all_preds = ngram_predictions(ids, orders)  # (1, L, K)
+        if backoff:
+            all_preds = exclude_overruled(all_preds)
         parts["streak"].append(hit_streaks(ids, all_preds)[0, :-1])
         preds = all_preds[0, :-1]  # (L-1, K)
         seen = seen_mask(ids, logits.shape[-1])[0, :-1]  # (L-1, V)
@@ -237,6 +253,7 @@ GATES = {  # name -> (entropy slopes, unigram "seen" cue)
     "entropy-streak": (True, False, True),
     "entropy-logp": (True, False, False, True),
     "entropy-streak-logp": (True, False, True, True),
+    "entropy-logp-backoff": (True, False, False, True, True),
 }
 
 
@@ -280,11 +297,14 @@ def main() -> None:
     stream = token_stream(tokenizer, train[:2000])
     body = args.fit_length
     windows = [stream[i * body : (i + 1) * body] for i in range(args.fit_windows)]
-    stats = fit_statistics(model, windows, orders)
-    base_nll = float((stats["lse"] - stats["target"]).mean())
+    stats_by_backoff = {}
     variants = [] if args.no_base else [("base", model)]
     for name in args.gates.split(","):
         gate = CacheGate(len(orders), *GATES[name])
+        if gate.backoff not in stats_by_backoff:
+            stats_by_backoff[gate.backoff] = fit_statistics(model, windows, orders, backoff=gate.backoff)
+        stats = stats_by_backoff[gate.backoff]
+        base_nll = float((stats["lse"] - stats["target"]).mean())
         fitted = fit_gate(stats, gate)
         record({"model": args.model, "task": "fit", "gate": name, "orders": orders} | gate.describe()
                | {"fit_nll_base": round(base_nll, 4), "fit_nll_cached": round(fitted, 4),

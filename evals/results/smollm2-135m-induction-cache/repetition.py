@@ -3,7 +3,7 @@ time" could lock greedy decoding into repeating itself. Greedy continuations (``
 models' own recurrent caches) of held-out prompts, scored by the share of generated 4-grams that
 already occurred earlier in the prompt + continuation.
 
-Usage: python repetition.py MODEL [MODEL ...] [--prompts 8] [--new 64]
+Usage: python repetition.py MODEL [MODEL ...] [--prompts 8] [--new 64] [--repetition-penalty 1.0]
 MODEL: a converted folder (with or without a copy cache) or "teacher".
 Appends one line per model to repetition.jsonl; prints the first continuation of each.
 """
@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-length", type=int, default=96)
     parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="generate's repetition_penalty (1 = off)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     for spec in args.models:
@@ -59,12 +60,14 @@ def main() -> None:
             for prompt in prompts:
                 ids = torch.tensor([prompt])
                 out = model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
-                                     pad_token_id=tokenizer.eos_token_id)
+                                     repetition_penalty=args.repetition_penalty, pad_token_id=tokenizer.eos_token_id)
                 outs.append(out[0].tolist())
         shares = [repeated_share(o, len(p)) for o, p in zip(outs, prompts)]
-        row = {"model": spec, "prompts": len(prompts), "new_tokens": args.new,
-               "repeated_4gram_share": round(sum(shares) / len(shares), 3), "per_prompt": [round(s, 2) for s in shares],
-               "first_continuation": tokenizer.decode(outs[0][len(prompts[0]) :]), "seconds": round(time.time() - began, 1)}
+        row = {"model": spec, "prompts": len(prompts), "new_tokens": args.new}
+        if args.repetition_penalty != 1.0:
+            row["repetition_penalty"] = args.repetition_penalty
+        row |= {"repeated_4gram_share": round(sum(shares) / len(shares), 3), "per_prompt": [round(s, 2) for s in shares],
+                "first_continuation": tokenizer.decode(outs[0][len(prompts[0]) :]), "seconds": round(time.time() - began, 1)}
         print(json.dumps(row), flush=True)
         with open(HERE / "repetition.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
