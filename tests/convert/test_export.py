@@ -33,3 +33,22 @@ def test_the_card_names_the_layers_that_write_with_the_delta_rule():
     assert "q.k linear attention; additive writes; in layer(s) 2, 3 the gated delta rule" in export.block_description(config)
     everywhere = HallamonicConfig(state_size=64, num_hidden_layers=2, update_rule="delta")
     assert "(q.k linear attention; the gated delta rule" in export.block_description(everywhere)
+
+
+def test_generate_gets_a_repetition_penalty_only_with_a_copy_cache():
+    """The copy cache makes greedy decoding loop; the exported generation config counters it by
+    default, leaves a cacheless model and the teacher's own config untouched, and keeps a penalty
+    the teacher already sets."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    teacher = SimpleNamespace(generation_config=GenerationConfig(bos_token_id=1, eos_token_id=2))
+    plain, cached = SimpleNamespace(copy_cache=None), SimpleNamespace(copy_cache=object())
+    assert export.generation_config_for(plain, teacher) is teacher.generation_config
+    generation = export.generation_config_for(cached, teacher)
+    assert generation.repetition_penalty == export.COPY_CACHE_REPETITION_PENALTY > 1.0
+    assert generation.eos_token_id == 2 and teacher.generation_config.repetition_penalty in (None, 1.0)
+    assert export.generation_config_for(cached, SimpleNamespace()).repetition_penalty == export.COPY_CACHE_REPETITION_PENALTY
+    teacher.generation_config.repetition_penalty = 1.1
+    assert export.generation_config_for(cached, teacher).repetition_penalty == 1.1

@@ -68,6 +68,8 @@ def test_export_is_a_complete_checkpoint(converted):
     assert "## Copy cache" in card
     gate = load_file(out / "model.safetensors")["copy_cache.gate"]
     assert torch.allclose(gate, torch.tensor(report["copy_cache"]["gate"]), atol=1e-3)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["repetition_penalty"] == 1.2  # the cache makes greedy decoding loop: generate counters it
 
 
 def test_attention_transfer_is_measured_at_every_stage(converted):
