@@ -65,7 +65,7 @@ def test_export_is_a_complete_checkpoint(converted):
     # the tiny recipe's copy cache: attached after phase 2, its gate fitted, recorded, shipped
     assert "hallamonic_copy_cache.py" in names and config["copy_cache_orders"] == [1, 2, 3]
     assert report["copy_cache"]["nll_after"] <= report["copy_cache"]["nll_before"]
-    assert "## Copy cache" in card
+    assert "## Copy cache" in card and "repetition_penalty=1.2" in card
     gate = load_file(out / "model.safetensors")["copy_cache.gate"]
     assert torch.allclose(gate, torch.tensor(report["copy_cache"]["gate"]), atol=1e-3)
     generation = json.loads((out / "generation_config.json").read_text())
