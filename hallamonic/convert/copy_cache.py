@@ -4,11 +4,11 @@ The converted blocks do not copy: a span of text seen before is predicted no bet
 time (evals/results/smollm2-135m-copy). The copy cache (``hallamonic_copy_cache.py``) recalls,
 for each n-gram order, the token that followed the last earlier occurrence of the current n
 tokens; :class:`CopyCacheHead` raises its logit by softplus(a_n + b_n H_t + f_n log p_t(v_n)), H_t
-the model's own entropy and p_t(v_n) its own probability of that token. Only those 3 x orders numbers
-are fitted, by cross-entropy on training text with the
-model's logits fixed, so the fit needs one forward over the windows and then seconds: per scored
-position it keeps the logsumexp, the entropy, the target's logit and the predicted tokens' logits,
-from which the cached model's loss follows exactly for any gate (``cached_nll``).
+the model's own entropy and p_t(v_n) its own probability of that token. Only those 3 x orders
+numbers are fitted, by cross-entropy on training text with the model's logits fixed, so the fit
+needs one forward over the windows and then seconds: per scored position it keeps the logsumexp,
+the entropy, the target's logit and the predicted tokens' logits, from which the cached model's
+loss follows exactly for any gate (``cached_nll``).
 
 Attached after phase 2, not before: a cache present while the blocks train would cost every
 phase-2 step a full-vocabulary entropy, and its gate starts closed anyway.

@@ -93,7 +93,8 @@ class HallamonicConfig(PreTrainedConfig):
             for each order n, the token that followed the last earlier occurrence of the current n
             tokens gets its logit raised by a learned amount gated by the model's entropy and its own
             probability of that token. Why: the blocks do not copy (evals/results/smollm2-135m-copy);
-            exact-match recall over token ids does, in constant memory. An option beyond the seed design, fitted after conversion.
+            exact-match recall over token ids does, in constant memory. An option beyond the seed
+            design, fitted after conversion.
         copy_cache_buckets: entries of the cache's hash table per order (the recurrent state holds
             2 x orders x buckets int64 per sequence; collisions forget older n-grams).
         base_model_name_or_path: the teacher this model was converted from (for evaluations).
