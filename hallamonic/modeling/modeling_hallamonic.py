@@ -41,9 +41,9 @@ per head and 2N features. ``feature_map="taylor"`` uses Based's map instead: phi
 directions of the teacher's keys and queries), with the same normalised read-out.
 
 Optionally (``copy_cache_orders``) an exact n-gram copy cache sits on the LM head: the token that
-followed the last earlier occurrence of the current n tokens gets its logit raised by a fitted,
-entropy-gated amount (``CopyCacheHead``; tables in ``hallamonic_copy_cache.py``, carried in the
-generation cache). The blocks do not copy verbatim; this recalls exact repeats at any distance.
+followed the last earlier occurrence of the current n tokens gets its logit raised by a fitted
+amount gated by the model's entropy and its own log-probability of that token (``CopyCacheHead``;
+tables in ``hallamonic_copy_cache.py``, carried in the generation cache). The blocks do not copy verbatim; this recalls exact repeats at any distance.
 
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
 one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache
