@@ -81,6 +81,30 @@ def ngram_predictions(ids: torch.Tensor, orders: list[int]) -> torch.Tensor:
     return out
 
 
+def ngram_history_cues(ids: torch.Tensor, orders: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L, K) int64 each, per order where ngram_predictions has a token (else 0): how many times in
+    a row the n-gram has been followed by that same token (1 = once, or the last time after another
+    one), and how many positions back its latest occurrence ended (t - j). A plain dict per order."""
+    batch, length = ids.shape
+    counts = torch.zeros((batch, length, len(orders)), dtype=torch.long)
+    ages = torch.zeros_like(counts)
+    rows = ids.tolist()
+    for b, row in enumerate(rows):
+        for k, n in enumerate(orders):
+            table = {}  # n-gram -> (successor, run of that successor, end position j)
+            for t in range(length):
+                if t >= n:  # the n-gram ending at t-1 now has its successor row[t]
+                    gram = tuple(row[t - n : t])
+                    old = table.get(gram)
+                    run = old[1] + 1 if old is not None and old[0] == row[t] else 1
+                    table[gram] = (row[t], run, t - 1)
+                if t >= n - 1:
+                    hit = table.get(tuple(row[t - n + 1 : t + 1]))
+                    if hit is not None:
+                        counts[b, t, k], ages[b, t, k] = hit[1], t - hit[2]
+    return counts, ages
+
+
 def exclude_overruled(preds: torch.Tensor) -> torch.Tensor:
     """(..., K) predictions with each order's dropped (-1) where a longer order matched and points at
     a different token (backoff as in PPM: the longest context that matched decides)."""
@@ -124,12 +148,17 @@ class CacheGate(nn.Module):
     gamma(t) = softplus(c + d H_t) for every token already in the context (a unigram cache).
     Without `entropy` the slopes b_n, d stay 0: one constant per cue. With `streak`, beta_n also
     reads e_n log(1 + r_n(t)), r_n the order's run of right predictions just before t; with
-    `logp`, f_n log p_t(v_n), the model's own log-probability of the order's token."""
+    `logp`, f_n log p_t(v_n), the model's own log-probability of the order's token; with `count`,
+    g_n log c_n, c_n how many times in a row the n-gram was followed by v_n; with `age`,
+    h_n log d_n, d_n how far back the n-gram's latest occurrence is."""
 
     def __init__(self, orders: int, entropy: bool, seen: bool, streak: bool = False, logp: bool = False,
-                 backoff: bool = False):
+                 backoff: bool = False, count: bool = False, age: bool = False):
         super().__init__()
         self.entropy, self.seen, self.streak, self.logp, self.backoff = entropy, seen, streak, logp, backoff
+        self.count, self.age = count, age
+        self.count_weights = nn.Parameter(torch.zeros(orders))  # (K,): g_n
+        self.age_weights = nn.Parameter(torch.zeros(orders))  # (K,): h_n
         self.logp_weights = nn.Parameter(torch.zeros(orders))  # (K,): f_n
         self.order_weights = nn.Parameter(torch.tensor([[-2.0, 0.0]] * orders))  # (K, 2): a_n, b_n
         self.streak_weights = nn.Parameter(torch.zeros(orders))  # (K,): e_n
@@ -139,10 +168,11 @@ class CacheGate(nn.Module):
         slope = weights[:, 1] if self.entropy else torch.zeros_like(weights[:, 1])
         return nn.functional.softplus(weights[:, 0] + slope * entropy[..., None])  # (..., rows)
 
-    def betas(self, entropy: torch.Tensor, streaks: torch.Tensor | None = None, logp: torch.Tensor | None = None) -> torch.Tensor:
-        """(..., K) per-order boosts at positions with entropy (...), runs (..., K) and the
-        predicted tokens' log-probabilities (..., K)."""
-        if not (self.streak or self.logp):
+    def betas(self, entropy: torch.Tensor, streaks: torch.Tensor | None = None, logp: torch.Tensor | None = None,
+              counts: torch.Tensor | None = None, ages: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., K) per-order boosts at positions with entropy (...), runs (..., K), the predicted
+        tokens' log-probabilities (..., K), their repeat counts and ages (..., K)."""
+        if not (self.streak or self.logp or self.count or self.age):
             return self._gate(self.order_weights, entropy)
         slope = self.order_weights[:, 1] if self.entropy else torch.zeros_like(self.order_weights[:, 1])
         x = self.order_weights[:, 0] + slope * entropy[..., None]  # (..., K)
@@ -150,6 +180,10 @@ class CacheGate(nn.Module):
             x = x + self.streak_weights * torch.log1p(streaks.float())
         if self.logp:
             x = x + self.logp_weights * logp.clamp(min=-30)
+        if self.count:
+            x = x + self.count_weights * counts.clamp(min=1).float().log()
+        if self.age:
+            x = x + self.age_weights * ages.clamp(min=1).float().log()
         return nn.functional.softplus(x)
 
     def gamma(self, entropy: torch.Tensor) -> torch.Tensor:
@@ -160,6 +194,10 @@ class CacheGate(nn.Module):
         rows = {"orders_a_b": [[round(x, 3) for x in row] for row in self.order_weights.tolist()]}
         if self.logp:
             rows["logp_f"] = [round(x, 3) for x in self.logp_weights.tolist()]
+        if self.count:
+            rows["count_g"] = [round(x, 3) for x in self.count_weights.tolist()]
+        if self.age:
+            rows["age_h"] = [round(x, 3) for x in self.age_weights.tolist()]
         if self.streak:
             rows["streak_e"] = [round(x, 3) for x in self.streak_weights.tolist()]
         if self.seen:
@@ -182,7 +220,9 @@ class CachedLM(nn.Module):
             preds = exclude_overruled(preds)
         streaks = hit_streaks(input_ids.cpu(), preds.cpu()).to(logits.device)
         logp = torch.log_softmax(logits, -1).gather(-1, preds.clamp(min=0))  # (B, L, K)
-        boost = self.gate.betas(entropy, streaks, logp) * (preds >= 0)  # (B, L, K)
+        counts, ages = (ngram_history_cues(input_ids.cpu(), self.orders) if self.gate.count or self.gate.age
+                        else (torch.ones_like(preds.cpu()),) * 2)
+        boost = self.gate.betas(entropy, streaks, logp, counts.to(logits.device), ages.to(logits.device)) * (preds >= 0)
         logits = logits.scatter_add(-1, preds.clamp(min=0), boost)
         if self.gate.seen:
             logits = logits + self.gate.gamma(entropy)[..., None] * seen_mask(input_ids, logits.shape[-1])
@@ -194,7 +234,7 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int], backoff: 
     """Per scored position: logsumexp, entropy, target logit, the K predicted tokens' logits, which
     of them are present / equal to each other / equal to the target, the probability mass on
     tokens already seen and whether the target is one (all the fit needs)."""
-    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "hit", "p_seen", "target_seen", "streak")
+    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "hit", "p_seen", "target_seen", "streak", "count", "age")
     parts = {key: [] for key in keys}
     for window in tqdm(windows, desc="fit windows", unit="window"):
         ids = torch.tensor([window])  # (1, L)
@@ -203,6 +243,11 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int], backoff: 
         if backoff:
             all_preds = exclude_overruled(all_preds)
         parts["streak"].append(hit_streaks(ids, all_preds)[0, :-1])
+        counts, ages = ngram_history_cues(ids, orders)
+        if not backoff:
+            assert torch.equal((counts > 0), (all_preds >= 0)), "history cues disagree with the predictions"
+        parts["count"].append(counts[0, :-1])
+        parts["age"].append(ages[0, :-1])
         preds = all_preds[0, :-1]  # (L-1, K)
         seen = seen_mask(ids, logits.shape[-1])[0, :-1]  # (L-1, V)
         target = ids[0, 1:]  # (L-1,)
@@ -221,7 +266,8 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int], backoff: 
 
 def cached_nll(stats: dict, gate: CacheGate) -> torch.Tensor:
     """Mean NLL (nats) of the cached model on the fit positions, differentiable in the gate."""
-    betas = gate.betas(stats["entropy"], stats["streak"], stats["pred_logit"] - stats["lse"][:, None])  # (P, K)
+    betas = gate.betas(stats["entropy"], stats["streak"], stats["pred_logit"] - stats["lse"][:, None],
+                       stats["count"], stats["age"])  # (P, K)
     gamma = gate.gamma(stats["entropy"])  # (P,)
     same = stats["same"].float()  # (P, K, K)
     boost = (same @ betas[:, :, None])[..., 0]  # (P, K): orders that agree on a token add up
@@ -254,6 +300,9 @@ GATES = {  # name -> (entropy slopes, unigram "seen" cue)
     "entropy-logp": (True, False, False, True),
     "entropy-streak-logp": (True, False, True, True),
     "entropy-logp-backoff": (True, False, False, True, True),
+    "entropy-logp-count": (True, False, False, True, False, True),
+    "entropy-logp-age": (True, False, False, True, False, False, True),
+    "entropy-logp-count-age": (True, False, False, True, False, True, True),
 }
 
 
