@@ -227,7 +227,7 @@ def plot_losses(metrics: Path, png: Path) -> None:
     if not series:
         return
     fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.5), squeeze=False)
-    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase1-focus": "normalised MSE, focus layers", "phase2-refit": "normalised MSE, refit layers, converted inputs", "phase2": "ce_weight x CE + kl_weight x KL + hidden_weight x distance", "phase2-retune": "phase 2's loss, after the refit"}
+    labels = {"phase1": "attention-transfer loss (normalised MSE)", "phase1-focus": "normalised MSE, focus layers", "phase2-refit": "normalised MSE, refit layers, converted inputs", "phase2": "ce_weight x CE + kl_weight x KL + hidden_weight x distance"}
     for ax, (phase, points) in zip(axes[0], sorted(series.items())):
         steps = sorted(points)
         ax.plot(steps, [points[s] for s in steps], marker=".")

@@ -1,4 +1,4 @@
-"""`hallamonic convert`: surgery -> phase 1 (+ focus) -> phase 2 (+ refit, + retune) -> copy cache -> export, resumable at every step.
+"""`hallamonic convert`: surgery -> phase 1 (+ focus) -> phase 2 (+ refit) -> export, resumable at every step.
 
 Layout of an output folder (it is itself a loadable Hugging Face checkpoint):
 
@@ -257,10 +257,6 @@ def convert(
     for key, layers, used in layer_lists:
         if used:
             check_layers(key, layers, len(teacher.model.layers))
-    held = set(recipe.phase2.frozen_layers) | set(recipe.phase2.refit_layers)
-    if recipe.phase2.retune_steps > 0 and len(held) >= len(teacher.model.layers):
-        raise ValueError(f"recipe key `phase2.retune_steps` > 0: the retune holds the blocks of phase2.frozen_layers and "
-                         f"phase2.refit_layers, which cover all {len(teacher.model.layers)} layers: nothing left to train")
     teacher.to(accelerator.device)
     streams, fresh_streams = _load_streams(recipe, tokenizer, out, accelerator.num_processes, resume, notify=accelerator.print)
     tokens = streams["transfer"]
@@ -322,10 +318,10 @@ def convert(
     elif focus and "phase2" in phases and _restore_finished_phase(student, out, "phase1-focus"):
         measure_transfer("phase1-focus")
 
-    distils = recipe.phase2.kl_weight > 0 or recipe.phase2.hidden_weight > 0
-    phase2_teacher = (lambda: teacher_in(recipe.phase2.teacher_dtype)) if distils else (lambda: teacher)  # phase 2's and the retune's
     if "phase2" in phases and recipe.phase2.steps > 0:
-        results.append(run_phase2(run, phase2_teacher()))
+        distils = recipe.phase2.kl_weight > 0 or recipe.phase2.hidden_weight > 0
+        phase2_teacher = teacher_in(recipe.phase2.teacher_dtype) if distils else teacher
+        results.append(run_phase2(run, phase2_teacher))
         measure_transfer("phase2")
     refit = None
     if "phase2" in phases and recipe.phase2.refit_steps > 0:
@@ -334,9 +330,6 @@ def convert(
         results.append(result)
         accelerator.print(f"refit of layers {refit['layers']} on the converted model's inputs: normalised MSE {refit['before']} -> {refit['after']}")
         measure_transfer("phase2-refit")
-        if recipe.phase2.retune_steps > 0:
-            results.append(run_phase2_retune(run, phase2_teacher()))
-            measure_transfer("phase2-retune")
     copy_cache = None
     if "phase2" in phases and recipe.copy_cache.orders:
         attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets)
@@ -471,15 +464,13 @@ def _other_layers(student: nn.Module, layers: list[int]) -> list[int]:
     return [i for i in range(len(student.model.layers)) if i not in layers]
 
 
-def run_phase2(run: ConversionRun, teacher, name: str = "phase2", section=None, frozen_layers=None, seed_offset: int = 1) -> PhaseResult:
+def run_phase2(run: ConversionRun, teacher) -> PhaseResult:
     """Phase 2: the whole student end to end (next-token + KL and hidden alignment to the teacher), MLPs and
     embeddings frozen unless LoRA adapters are asked for (merged back afterwards), and the mixers
     of ``phase2.frozen_layers`` too: on SmolLM2, end-to-end training of the recall layers' blocks
     lowers LAMBADA accuracy that the attention transfer had built
-    (``evals/results/smollm2-135m-layer-swap/phase_states.py``). ``name``, ``section`` and
-    ``frozen_layers`` replace the phase's own for a second run of it (the retune)."""
-    section, student = section or run.recipe.phase2, run.student
-    frozen_layers = section.frozen_layers if frozen_layers is None else frozen_layers
+    (``evals/results/smollm2-135m-layer-swap/phase_states.py``)."""
+    section, student = run.recipe.phase2, run.student
     model = student
     if section.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
@@ -491,7 +482,7 @@ def run_phase2(run: ConversionRun, teacher, name: str = "phase2", section=None, 
                 param.requires_grad_(True)
     if section.gradient_checkpointing:
         student.gradient_checkpointing_enable()
-    frozen = tuple(f"model.layers.{i}.mixer." for i in frozen_layers)
+    frozen = tuple(f"model.layers.{i}.mixer." for i in section.frozen_layers)
     held = [p for name, p in model.named_parameters() if p.requires_grad and any(prefix in name for prefix in frozen)]
     for param in held:  # (peft prefixes the names: match inside them)
         param.requires_grad_(False)
@@ -503,7 +494,7 @@ def run_phase2(run: ConversionRun, teacher, name: str = "phase2", section=None, 
     )
     compiled = phase2_compiled_mixers(student) if section.compile else []
     with compiled_in_place(compiled):
-        result = run.train(name, section, model, trainable, loss_fn, run.phase2_stream, seed=run.recipe.seed + seed_offset)
+        result = run.train("phase2", section, model, trainable, loss_fn, run.phase2_stream, seed=run.recipe.seed + 1)
     for param in held:  # trainable again for what comes after (the refit)
         param.requires_grad_(True)
     if section.gradient_checkpointing:
@@ -534,20 +525,6 @@ def run_phase2_refit(run: ConversionRun, teacher, probe: torch.Tensor) -> tuple[
         result = _attention_transfer(run, "phase2-refit", section, layers, hybrid, stream=pool, pool=True)
         after = attention_transfer_errors(student, hybrid, probe, layers)
     return result, {"layers": layers, "before": before, "after": after}
-
-
-def run_phase2_retune(run: ConversionRun, teacher) -> PhaseResult:
-    """``phase2.retune_steps`` more of phase 2's training after the refit ("phase2-retune"), with the
-    refit layers' blocks held as well as ``phase2.frozen_layers``', on another order of the phase-2 text.
-
-    Why: phase 2 adapts every later layer to the refit block as it was before its refit; the refit
-    then changes what that block writes, and the layers after it read an output they were not tuned
-    to. A few steps let them adapt while the refit block keeps its attention fit.
-    """
-    p2 = run.recipe.phase2
-    section = replace(p2, steps=p2.retune_steps, lr=p2.retune_lr, warmup_steps=max(p2.retune_steps // 10, 1))
-    frozen = sorted(set(p2.frozen_layers) | set(p2.refit_layers))
-    return run_phase2(run, teacher, name="phase2-retune", section=section, frozen_layers=frozen, seed_offset=2)
 
 
 def _hardware(accelerator) -> str:

@@ -113,8 +113,6 @@ class Phase2Section(PhaseSection):
     refit_steps: int = 0  # > 0: that many steps on refit_layers, on the converted model's own inputs ("phase2-refit")
     refit_lr: float = 1e-3  # their peak learning rate (warm-up 10% of refit_steps, then phase1.schedule)
     refit_pool: int = 192  # sequences of phase1.seq_len they cycle over, each one's I/O captured once
-    retune_steps: int = 0  # > 0: that many more next-token steps after the refit ("phase2-retune"), the refit layers' and frozen_layers' blocks held
-    retune_lr: float = 1e-4  # their peak learning rate (warm-up 10% of retune_steps, then phase2.schedule)
     compile: bool = False  # torch.compile the blocks phase 2 trains, in place for the phase (the first layer's stays eager)
 
 
@@ -175,7 +173,7 @@ CHOICES = {
 }
 POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.batch_size", "train.grad_accum"}
 NON_NEGATIVE = {
-    "phase1.focus_steps", "phase2.refit_steps", "phase2.retune_steps",
+    "phase1.focus_steps", "phase2.refit_steps",
     "phase1.steps", "phase2.steps", "phase1.warmup_steps", "phase2.warmup_steps", "checkpoint.every",
     "phase2.kl_weight", "phase2.ce_weight", "phase2.hidden_weight", "phase2.lora_rank", "phase1.teacher_pool", "phase2.chunk_size", "train.weight_decay", "eval.max_windows",
     "harmonic.short_conv_size",
@@ -218,9 +216,7 @@ def _validate(recipe: Recipe) -> None:
     for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers", "harmonic.taylor_layers", "harmonic.delta_layers", "harmonic.recall_layers"):
         if not _layer_indices(flat[key]):
             raise RecipeError(f"recipe key `{key}` must list layer indices >= 0, got {flat[key]!r}")
-    if recipe.phase2.retune_steps > 0 and not recipe.phase2.refit_steps > 0:
-        raise RecipeError("recipe key `phase2.retune_steps` > 0 retunes after the refit: it needs `phase2.refit_steps` > 0")
-    for key in ("phase1.lr", "phase2.lr", "phase2.retune_lr"):
+    for key in ("phase1.lr", "phase2.lr"):
         if not flat[key] > 0:
             raise RecipeError(f"recipe key `{key}` must be > 0, got {flat[key]!r}")
     p2 = recipe.phase2

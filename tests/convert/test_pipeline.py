@@ -369,41 +369,6 @@ def test_refit_trains_only_its_layers_after_phase2_and_resumes(tmp_path):
     assert again["refit"]["after"] == pytest.approx(fit["after"], rel=1e-5)
 
 
-def test_retune_trains_after_the_refit_with_the_refit_and_frozen_blocks_held(tmp_path):
-    """`phase2.retune_steps` runs a "phase2-retune" after the refit: next-token training of every
-    block except the refit layers' (and `phase2.frozen_layers`'), which keep what the refit made
-    them; the export is the retuned model, and a resumed run restores it. A retune left with no
-    block to train stops before anything runs."""
-    held = FAST + ["phase2.frozen_layers=[0]", "phase2.refit_steps=2", "phase2.refit_layers=[1]", "phase2.retune_steps=3"]
-    with pytest.raises(ValueError, match="cover all 2 layers: nothing left to train"):
-        convert(load_recipe("tiny", held), tmp_path / "held")
-    assert not (tmp_path / "held").exists()
-    retune = FAST + ["phase2.refit_steps=2", "phase2.refit_layers=[1]", "phase2.refit_pool=2",
-                     "phase2.retune_steps=3", "phase2.retune_lr=1e-3"]
-    out = tmp_path / "retune"
-    report = convert(load_recipe("tiny", retune), out)
-    assert [p["name"] for p in report["phases"]] == ["phase1", "phase2", "phase2-refit", "phase2-retune"]
-    root = out / "training" / "checkpoints"
-    refit = load_file(list_checkpoints(root / "phase2-refit")[-1] / "weights.safetensors")  # layer 1's block
-    phase1 = load_file(list_checkpoints(root / "phase1")[-1] / "weights.safetensors")
-    retuned = load_file(list_checkpoints(root / "phase2-retune")[-1] / "weights.safetensors")
-    assert retuned and not any(k.startswith("model.layers.1.mixer.") for k in retuned)
-    assert any(k.startswith("model.layers.0.mixer.") for k in retuned)
-    exported = load_file(out / "model.safetensors")
-    assert set(refit) == {k for k in phase1 if k.startswith("model.layers.1.mixer.")}
-    assert all(torch.equal(exported[k], refit[k]) for k in refit)  # the refit block as the refit left it
-    phase2 = load_file(list_checkpoints(root / "phase2")[-1] / "weights.safetensors")
-    assert any(not torch.equal(retuned[k], phase2[k]) for k in retuned)
-    assert all(torch.equal(exported[k], retuned[k]) for k in retuned)
-    losses = [json.loads(line) for line in (out / "training" / "metrics.jsonl").read_text().splitlines()]
-    assert len([r for r in losses if r["phase"] == "phase2-retune"]) == 3
-    assert "phase2-retune" in report["attention_transfer"]["normalised_mse"]
-
-    again = convert(load_recipe("tiny", retune), out, resume=True)
-    assert [p["seconds"] for p in again["phases"]] == [0.0] * 4
-    assert again["phases"][-1]["final_loss"] == pytest.approx(report["phases"][-1]["final_loss"])
-
-
 def test_phase2_frozen_layers_keep_their_phase1_mixers(tmp_path):
     """`phase2.frozen_layers`: those layers' mixers leave phase 2 exactly as phase 1 made them,
     while the other mixers go on training."""

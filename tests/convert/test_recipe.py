@@ -122,17 +122,6 @@ def test_refit_needs_layers_and_no_lora():
     assert load_recipe("tiny", ["phase2.refit_steps=10", "phase2.refit_layers=[1]"]).phase2.refit_layers == [1]
 
 
-def test_retune_needs_a_refit_and_a_learning_rate():
-    with pytest.raises(RecipeError, match=r"`phase2.retune_steps` > 0 retunes after the refit"):
-        load_recipe("tiny", ["phase2.retune_steps=3"])
-    refit = ["phase2.refit_steps=10", "phase2.refit_layers=[1]", "phase2.retune_steps=3"]
-    with pytest.raises(RecipeError, match=r"`phase2.retune_lr` must be > 0"):
-        load_recipe("tiny", refit + ["phase2.retune_lr=0"])
-    with pytest.raises(RecipeError, match=r"`phase2.retune_steps` must be >= 0"):
-        load_recipe("tiny", ["phase2.retune_steps=-1"])
-    assert load_recipe("tiny", refit).phase2.retune_steps == 3
-
-
 def test_focus_needs_layers():
     with pytest.raises(RecipeError, match=r"`phase1.focus_layers` must list layer indices"):
         load_recipe("tiny", ["phase1.focus_steps=10"])
