@@ -105,6 +105,15 @@ def ngram_history_cues(ids: torch.Tensor, orders: list[int]) -> tuple[torch.Tens
     return counts, ages
 
 
+def overruled(preds: torch.Tensor) -> torch.Tensor:
+    """(..., K) bool: a longer order matched and points at a different token than this order's."""
+    out = torch.zeros_like(preds, dtype=torch.bool)
+    for k in range(preds.shape[-1] - 1):
+        longer = preds[..., k + 1 :]
+        out[..., k] = ((longer >= 0) & (longer != preds[..., k : k + 1])).any(-1) & (preds[..., k] >= 0)
+    return out
+
+
 def exclude_overruled(preds: torch.Tensor) -> torch.Tensor:
     """(..., K) predictions with each order's dropped (-1) where a longer order matched and points at
     a different token (backoff as in PPM: the longest context that matched decides)."""
@@ -150,13 +159,15 @@ class CacheGate(nn.Module):
     reads e_n log(1 + r_n(t)), r_n the order's run of right predictions just before t; with
     `logp`, f_n log p_t(v_n), the model's own log-probability of the order's token; with `count`,
     g_n log c_n, c_n how many times in a row the n-gram was followed by v_n; with `age`,
-    h_n log d_n, d_n how far back the n-gram's latest occurrence is."""
+    h_n log d_n, d_n how far back the n-gram's latest occurrence is; with `overrule`, o_n [a longer
+    order matched another token] (a soft PPM backoff: o_n -> -inf drops the overruled token)."""
 
     def __init__(self, orders: int, entropy: bool, seen: bool, streak: bool = False, logp: bool = False,
-                 backoff: bool = False, count: bool = False, age: bool = False):
+                 backoff: bool = False, count: bool = False, age: bool = False, overrule: bool = False):
         super().__init__()
         self.entropy, self.seen, self.streak, self.logp, self.backoff = entropy, seen, streak, logp, backoff
-        self.count, self.age = count, age
+        self.count, self.age, self.overrule = count, age, overrule
+        self.overrule_weights = nn.Parameter(torch.zeros(orders))  # (K,): o_n
         self.count_weights = nn.Parameter(torch.zeros(orders))  # (K,): g_n
         self.age_weights = nn.Parameter(torch.zeros(orders))  # (K,): h_n
         self.logp_weights = nn.Parameter(torch.zeros(orders))  # (K,): f_n
@@ -169,10 +180,11 @@ class CacheGate(nn.Module):
         return nn.functional.softplus(weights[:, 0] + slope * entropy[..., None])  # (..., rows)
 
     def betas(self, entropy: torch.Tensor, streaks: torch.Tensor | None = None, logp: torch.Tensor | None = None,
-              counts: torch.Tensor | None = None, ages: torch.Tensor | None = None) -> torch.Tensor:
+              counts: torch.Tensor | None = None, ages: torch.Tensor | None = None,
+              overruled_by: torch.Tensor | None = None) -> torch.Tensor:
         """(..., K) per-order boosts at positions with entropy (...), runs (..., K), the predicted
         tokens' log-probabilities (..., K), their repeat counts and ages (..., K)."""
-        if not (self.streak or self.logp or self.count or self.age):
+        if not (self.streak or self.logp or self.count or self.age or self.overrule):
             return self._gate(self.order_weights, entropy)
         slope = self.order_weights[:, 1] if self.entropy else torch.zeros_like(self.order_weights[:, 1])
         x = self.order_weights[:, 0] + slope * entropy[..., None]  # (..., K)
@@ -184,6 +196,8 @@ class CacheGate(nn.Module):
             x = x + self.count_weights * counts.clamp(min=1).float().log()
         if self.age:
             x = x + self.age_weights * ages.clamp(min=1).float().log()
+        if self.overrule:
+            x = x + self.overrule_weights * overruled_by.float()
         return nn.functional.softplus(x)
 
     def gamma(self, entropy: torch.Tensor) -> torch.Tensor:
@@ -196,6 +210,8 @@ class CacheGate(nn.Module):
             rows["logp_f"] = [round(x, 3) for x in self.logp_weights.tolist()]
         if self.count:
             rows["count_g"] = [round(x, 3) for x in self.count_weights.tolist()]
+        if self.overrule:
+            rows["overrule_o"] = [round(x, 3) for x in self.overrule_weights.tolist()]
         if self.age:
             rows["age_h"] = [round(x, 3) for x in self.age_weights.tolist()]
         if self.streak:
@@ -222,7 +238,8 @@ class CachedLM(nn.Module):
         logp = torch.log_softmax(logits, -1).gather(-1, preds.clamp(min=0))  # (B, L, K)
         counts, ages = (ngram_history_cues(input_ids.cpu(), self.orders) if self.gate.count or self.gate.age
                         else (torch.ones_like(preds.cpu()),) * 2)
-        boost = self.gate.betas(entropy, streaks, logp, counts.to(logits.device), ages.to(logits.device)) * (preds >= 0)
+        boost = self.gate.betas(entropy, streaks, logp, counts.to(logits.device), ages.to(logits.device),
+                                overruled(preds)) * (preds >= 0)
         logits = logits.scatter_add(-1, preds.clamp(min=0), boost)
         if self.gate.seen:
             logits = logits + self.gate.gamma(entropy)[..., None] * seen_mask(input_ids, logits.shape[-1])
@@ -234,7 +251,7 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int], backoff: 
     """Per scored position: logsumexp, entropy, target logit, the K predicted tokens' logits, which
     of them are present / equal to each other / equal to the target, the probability mass on
     tokens already seen and whether the target is one (all the fit needs)."""
-    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "hit", "p_seen", "target_seen", "streak", "count", "age")
+    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "hit", "p_seen", "target_seen", "streak", "count", "age", "overruled")
     parts = {key: [] for key in keys}
     for window in tqdm(windows, desc="fit windows", unit="window"):
         ids = torch.tensor([window])  # (1, L)
@@ -248,6 +265,7 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int], backoff: 
             assert torch.equal((counts > 0), (all_preds >= 0)), "history cues disagree with the predictions"
         parts["count"].append(counts[0, :-1])
         parts["age"].append(ages[0, :-1])
+        parts["overruled"].append(overruled(all_preds)[0, :-1])
         preds = all_preds[0, :-1]  # (L-1, K)
         seen = seen_mask(ids, logits.shape[-1])[0, :-1]  # (L-1, V)
         target = ids[0, 1:]  # (L-1,)
@@ -267,7 +285,7 @@ def fit_statistics(model, windows: list[list[int]], orders: list[int], backoff: 
 def cached_nll(stats: dict, gate: CacheGate) -> torch.Tensor:
     """Mean NLL (nats) of the cached model on the fit positions, differentiable in the gate."""
     betas = gate.betas(stats["entropy"], stats["streak"], stats["pred_logit"] - stats["lse"][:, None],
-                       stats["count"], stats["age"])  # (P, K)
+                       stats["count"], stats["age"], stats["overruled"])  # (P, K)
     gamma = gate.gamma(stats["entropy"])  # (P,)
     same = stats["same"].float()  # (P, K, K)
     boost = (same @ betas[:, :, None])[..., 0]  # (P, K): orders that agree on a token add up
@@ -303,6 +321,7 @@ GATES = {  # name -> (entropy slopes, unigram "seen" cue)
     "entropy-logp-count": (True, False, False, True, False, True),
     "entropy-logp-age": (True, False, False, True, False, False, True),
     "entropy-logp-count-age": (True, False, False, True, False, True, True),
+    "entropy-logp-overrule": (True, False, False, True, False, False, False, True),
 }
 
 
@@ -339,6 +358,8 @@ def main() -> None:
     orders = [int(n) for n in args.orders.split(",")]
     model, tokenizer = load_causal_lm(str(smollm2_gguf_path()) if args.model == "teacher" else args.model)[:2]
     model.eval()
+    if getattr(model, "copy_cache", None) is not None:  # a conversion's own cache: the probe brings its own
+        model.copy_cache = None
 
     start = time.time()
     train = (DATA / "fineweb_edu_head_train.txt").read_text().split("\n\n")
