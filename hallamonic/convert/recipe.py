@@ -127,7 +127,7 @@ class CopyCacheSection:
     buckets: int = 65536  # hash-table entries per order (state: 2 x orders x buckets int64 per sequence)
     fit_windows: int = 48  # windows of phase-2 training text the gate is fitted on
     fit_length: int = 1024  # tokens per window
-    fit_steps: int = 400  # Adam steps of the fit (3 numbers per order; seconds once the windows are scored)
+    fit_steps: int = 400  # Adam steps of the fit (4 numbers per order; seconds once the windows are scored)
     fit_lr: float = 0.05  # its learning rate
 
 

@@ -91,8 +91,8 @@ class HallamonicConfig(PreTrainedConfig):
             carrying the recurrent states, so activation memory depends on the chunk, not the length.
         copy_cache_orders: n-gram orders of the copy cache (``hallamonic_copy_cache.py``; empty = none):
             for each order n, the token that followed the last earlier occurrence of the current n
-            tokens gets its logit raised by a learned amount gated by the model's entropy and its own
-            probability of that token. Why: the blocks do not copy (evals/results/smollm2-135m-copy);
+            tokens gets its logit raised by a learned amount gated by the model's entropy, its own
+            probability of that token and whether a longer order predicts another one. Why: the blocks do not copy (evals/results/smollm2-135m-copy);
             exact-match recall over token ids does, in constant memory. An option beyond the seed
             design, fitted after conversion.
         copy_cache_buckets: entries of the cache's hash table per order (the recurrent state holds

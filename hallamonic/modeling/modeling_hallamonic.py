@@ -42,7 +42,8 @@ directions of the teacher's keys and queries), with the same normalised read-out
 
 Optionally (``copy_cache_orders``) an exact n-gram copy cache sits on the LM head: the token that
 followed the last earlier occurrence of the current n tokens gets its logit raised by a fitted
-amount gated by the model's entropy and its own log-probability of that token (``CopyCacheHead``;
+amount gated by the model's entropy, its own log-probability of that token and whether a longer
+order contradicts it (``CopyCacheHead``;
 tables in ``hallamonic_copy_cache.py``, carried in the generation cache). The blocks do not copy verbatim; this recalls exact repeats at any distance.
 
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
@@ -769,27 +770,31 @@ class HallamonicModel(HallamonicPreTrainedModel):
 # --------------------------------------------------------------------------------------------
 # Copy cache (optional): exact n-gram recall over token ids on top of the LM head
 # --------------------------------------------------------------------------------------------
-COPY_CACHE_GATE_INIT = (-10.0, 0.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
+COPY_CACHE_GATE_INIT = (-10.0, 0.0, 0.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
 COPY_CACHE_LOGP_FLOOR = -30.0  # log p below this reads as this: no boost grows without bound
 
 
 class CopyCacheHead(nn.Module):
     """Raises, for each order n, the logit of the token v_n the copy cache predicts by
 
-        beta_n(t) = softplus(a_n + b_n H_t + f_n log p_t(v_n)),
+        beta_n(t) = softplus(a_n + b_n H_t + f_n log p_t(v_n) + o_n [a longer order predicts another token]),
 
     H_t the entropy (nats) of the model's own next-token distribution p_t and log p_t(v_n) its own
-    log-probability of the copied token. Why both: how far to trust an exact earlier match depends
+    log-probability of the copied token. Why these cues: how far to trust an exact earlier match depends
     on how sure the model is, and on whether it already expects the token. Fitted on SmolLM2, f_n < 0:
     a copied token the model finds unlikely (a name, a number) is raised more, as an interpolated
     cache LM would (f_n = -1 makes the token's probability independent of the model's);
     the log-probability term alone took the held-out bits from 5.416 to 5.386 and passkey from
-    4-6/10 to 5-8/10 (evals/results/smollm2-135m-induction-cache). ``gate`` (orders, 3) holds
-    (a_n, b_n, f_n); a conversion fits it on its training text."""
+    4-6/10 to 5-8/10. The last term is a soft PPM backoff: a short context whose token a longer
+    matching context contradicts (after "... is", order 1 recalls " the" where orders 2-4 recall
+    the pass key's first digit) is raised less, o_n -> -inf dropping it
+    (evals/results/smollm2-135m-induction-cache). ``gate`` (orders, 4) holds (a_n, b_n, f_n, o_n);
+    a conversion fits it on its training text."""
 
-    def __init__(self, orders: int):
+    def __init__(self, orders: list[int]):
         super().__init__()
-        self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT] * orders))  # (K, 3)
+        self.orders = list(orders)  # no buffer: nothing for loading on the meta device to leave uninitialised
+        self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT] * len(orders)))  # (K, 4)
 
     @staticmethod
     def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -797,12 +802,20 @@ class CopyCacheHead(nn.Module):
         log_p = torch.log_softmax(logits.float(), dim=-1)
         return -(log_p.exp() * log_p).sum(-1)
 
-    def boosts(self, entropy: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-        """(..., K) per-order boosts at positions whose entropy is (...) and whose log-probabilities
-        of the K predicted tokens are (..., K)."""
-        a, b, f = self.gate.unbind(-1)  # (K,) each
+    def overruled(self, predictions: torch.Tensor) -> torch.Tensor:
+        """(..., K) bool: order k predicts a token and some longer order predicts a different one."""
+        order = torch.tensor(self.orders, device=predictions.device)
+        longer = order[None, :] > order[:, None]  # (K, K): [k, j] order j is longer than order k
+        valid = predictions >= 0  # (..., K)
+        differ = predictions[..., :, None] != predictions[..., None, :]  # (..., K, K): [k, j]
+        return valid & (differ & valid[..., None, :] & longer).any(-1)
+
+    def boosts(self, entropy: torch.Tensor, log_p: torch.Tensor, overruled: torch.Tensor) -> torch.Tensor:
+        """(..., K) per-order boosts at positions whose entropy is (...), whose log-probabilities
+        of the K predicted tokens are (..., K) and whose overruled orders are (..., K)."""
+        a, b, f, o = self.gate.unbind(-1)  # (K,) each
         log_p = log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
-        return F.softplus(a + b * entropy[..., None].float() + f * log_p)
+        return F.softplus(a + b * entropy[..., None].float() + f * log_p + o * overruled.float())
 
     def forward(self, logits: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
         """logits (B, S, V) and the cache's (B, S, K) predicted ids (-1 = none) -> fp32 logits."""
@@ -810,8 +823,8 @@ class CopyCacheHead(nn.Module):
         log_p = torch.log_softmax(logits, dim=-1)  # (B, S, V)
         entropy = -(log_p.exp() * log_p).sum(-1)  # (B, S)
         tokens = predictions.clamp(min=0)  # (B, S, K)
-        boost = self.boosts(entropy, log_p.gather(-1, tokens)) * (predictions >= 0)  # orders agreeing on a token add up
-        return logits.scatter_add(-1, tokens, boost)
+        boost = self.boosts(entropy, log_p.gather(-1, tokens), self.overruled(predictions)) * (predictions >= 0)
+        return logits.scatter_add(-1, tokens, boost)  # orders agreeing on a token add up
 
 
 def _copy_cache_layer(cache: Cache):
@@ -852,7 +865,7 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         self.model = HallamonicModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.copy_cache = CopyCacheHead(len(config.copy_cache_orders)) if config.copy_cache_orders else None
+        self.copy_cache = CopyCacheHead(config.copy_cache_orders) if config.copy_cache_orders else None
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:

@@ -33,11 +33,12 @@ def repeating_windows(count: int, length: int, seed: int = 0) -> torch.Tensor:
 
 def test_the_fit_loss_is_the_cached_models_own_loss():
     model = tiny_model()
-    attach_copy_cache(model, [1, 2, 4], 64)
+    attach_copy_cache(model, [2, 4, 1], 64)  # not sorted: "longer" is by order, not by position in the list
     with torch.no_grad():
-        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4], [1.5, -0.1, 0.0], [2.0, 0.2, 0.3]]))
+        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4, -1.5], [1.5, -0.1, 0.0, 0.7], [2.0, 0.2, 0.3, -2.0]]))
     windows = repeating_windows(3, 50)
     stats = copy_cache_statistics(model, windows, progress=False)
+    assert stats["overruled"].any() and not stats["overruled"].all()  # the term is exercised
     with torch.no_grad():
         logits = model(windows).logits.double()  # the forward applies the cache
         want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 40), windows[:, 1:].reshape(-1))

@@ -32,7 +32,7 @@ def test_sliced_scores_apply_the_copy_cache_like_the_forward():
     )
     model = HallamonicForCausalLM(config).eval()
     with torch.no_grad():
-        model.copy_cache.gate.copy_(torch.tensor([[2.0, 0.1, -0.3], [3.0, 0.0, 0.2]]))
+        model.copy_cache.gate.copy_(torch.tensor([[2.0, 0.1, -0.3, -1.0], [3.0, 0.0, 0.2, 0.0]]))
     ids = torch.randint(0, 12, (2, 40))  # a small alphabet: many n-grams repeat
     with torch.no_grad():
         logp = model(ids).logits.double().log_softmax(-1)

@@ -104,3 +104,26 @@ def test_state_rows_follow_a_beam_reorder():
     assert torch.equal(picked.keys[0], state.keys[2]) and torch.equal(picked.tail[2], state.tail[0])
     empty = CopyCacheState.empty(2, [1, 2], 16)
     assert empty.keys.shape == (2, 2, 16) and empty.tail.shape == (2, 2) and empty.keys.eq(-1).all()
+
+
+def test_an_order_is_overruled_when_a_longer_order_predicts_another_token():
+    """The head's backoff cue: by n-gram order, not by the orders' place in the list."""
+    from hallamonic.modeling.modeling_hallamonic import CopyCacheHead
+
+    head = CopyCacheHead([4, 1, 2])  # columns: order 4, order 1, order 2
+    predictions = torch.tensor([
+        [7, 5, 7],    # order 1 says 5, orders 2 and 4 say 7: only order 1 overruled
+        [-1, 5, 6],   # order 2 says 6 against order 1's 5: order 1 overruled; order 4 matched nothing
+        [7, 7, -1],   # agreement: none
+        [-1, 5, -1],  # a lone order: none
+        [3, -1, 6],   # order 2 overruled by order 4; order 1 has no prediction, so it is not
+    ])
+    want = torch.tensor([
+        [False, True, False],
+        [False, True, False],
+        [False, False, False],
+        [False, False, False],
+        [False, False, True],
+    ])
+    assert torch.equal(head.overruled(predictions), want)
+    assert torch.equal(head.overruled(predictions[None]), want[None])  # any leading shape

@@ -41,7 +41,7 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
             if "mixer.o_proj" in name or "mixer.v_proj" in name:
                 param.mul_(4.0)
         if model.copy_cache is not None:  # a closed gate would hide a broken cache: open it wide
-            model.copy_cache.gate.copy_(torch.randn_like(model.copy_cache.gate) * 0.3 + torch.tensor([2.0, 0.0, 0.0]))
+            model.copy_cache.gate.copy_(torch.randn_like(model.copy_cache.gate) * 0.3 + torch.tensor([2.0, 0.0, 0.0, 0.0]))
     return model
 
 

@@ -66,7 +66,7 @@ def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
             if ".mixer." in name:
                 param.add_(torch.randn_like(param) * 0.2)
         if model.copy_cache is not None:  # open the gate so that the cache shows in the logits
-            model.copy_cache.gate.copy_(torch.tensor([[1.0, 0.2, -0.5], [2.0, 0.0, 0.0], [0.5, 0.5, 0.2]]))
+            model.copy_cache.gate.copy_(torch.tensor([[1.0, 0.2, -0.5, -1.0], [2.0, 0.0, 0.0, 0.5], [0.5, 0.5, 0.2, 0.0]]))
     path = tmp_path_factory.mktemp("ckpt")
     model.save_pretrained(path)
     return path, model
