@@ -117,12 +117,7 @@ def overruled(preds: torch.Tensor) -> torch.Tensor:
 def exclude_overruled(preds: torch.Tensor) -> torch.Tensor:
     """(..., K) predictions with each order's dropped (-1) where a longer order matched and points at
     a different token (backoff as in PPM: the longest context that matched decides)."""
-    out = preds.clone()
-    for k in range(preds.shape[-1] - 1):
-        longer = preds[..., k + 1 :]
-        overruled = ((longer >= 0) & (longer != preds[..., k : k + 1])).any(-1)
-        out[..., k] = torch.where(overruled, -1, preds[..., k])
-    return out
+    return torch.where(overruled(preds), -1, preds)
 
 
 def hit_streaks(ids: torch.Tensor, preds: torch.Tensor) -> torch.Tensor:
