@@ -333,6 +333,26 @@ def paraphrased_passkey(model, tokenizer, lengths: list[int], trials: int) -> di
         passkey_task.QUESTION = original
 
 
+def score_tasks(scored, tokenizer, tasks: list[str], row: dict, record, bit_lengths: list[int]) -> None:
+    """The package's own evaluations of a (cached) model, each recorded as row + its result: held-out
+    bits at bit_lengths, LAMBADA (first 300 passages), passkey (10 trials at 1K / 2K / 4K)."""
+    if "bits" in tasks:
+        start = time.time()
+        result = evaluate_context(scored, tokenizer, heldout_texts(DATA / "fineweb_edu_head_heldout.txt", 0), bit_lengths, progress=False)
+        record(row | {"task": "bits", "bits": result["bits_per_token"], "seconds": round(time.time() - start, 1)})
+    if "lambada" in tasks:
+        start = time.time()
+        lines = (DATA / "lambada_openai_dev1000.jsonl").read_text().splitlines()[:300]
+        result = evaluate_lambada(scored, tokenizer, [json.loads(line)["text"] for line in lines], progress=False)
+        record(row | {"task": "lambada", "accuracy": round(result["accuracy"], 4), "perplexity": round(result["perplexity"], 1),
+                      "correct": result["correct"], "seconds": round(time.time() - start, 1)})
+    if "passkey" in tasks:
+        start = time.time()
+        result = passkey_task.evaluate_passkey(scored, tokenizer, [1024, 2048, 4096], trials=10, progress=False)
+        record(row | {"task": "passkey", "accuracy": result["accuracy"], "key_tokens": result["key_tokens"],
+                      "seconds": round(time.time() - start, 1)})
+
+
 def record(row: dict) -> None:
     print(json.dumps(row), flush=True)
     with open(HERE / "cache_probe.jsonl", "a") as f:
@@ -376,26 +396,10 @@ def main() -> None:
                   "fit_tokens": len(stats["lse"]), "seconds": round(time.time() - start, 1)})
         variants.append((name, CachedLM(model, orders, gate.requires_grad_(False))))
     tasks = args.tasks.split(",")
-    heldout = heldout_texts(DATA / "fineweb_edu_head_heldout.txt", 0)
-    lambada = [json.loads(line)["text"] for line in (DATA / "lambada_openai_dev1000.jsonl").read_text().splitlines()[:300]]
     for name, scored in variants:
         row = {"model": args.model, "variant": name, "orders": orders}
         with torch.no_grad():
-            if "bits" in tasks:
-                start = time.time()
-                result = evaluate_context(scored, tokenizer, heldout, [1024, 4096], progress=False)
-                record(row | {"task": "bits", "bits": result["bits_per_token"], "seconds": round(time.time() - start, 1)})
-            if "lambada" in tasks:
-                start = time.time()
-                result = evaluate_lambada(scored, tokenizer, lambada, progress=False)
-                record(row | {"task": "lambada", "accuracy": round(result["accuracy"], 4),
-                              "perplexity": round(result["perplexity"], 1), "correct": result["correct"],
-                              "seconds": round(time.time() - start, 1)})
-            if "passkey" in tasks:
-                start = time.time()
-                result = passkey_task.evaluate_passkey(scored, tokenizer, [1024, 2048, 4096], trials=10, progress=False)
-                record(row | {"task": "passkey", "accuracy": result["accuracy"], "key_tokens": result["key_tokens"],
-                              "seconds": round(time.time() - start, 1)})
+            score_tasks(scored, tokenizer, tasks, row, record, [1024, 4096])
             if "paraphrase" in tasks:
                 start = time.time()
                 result = paraphrased_passkey(scored, tokenizer, [1024], trials=10)
@@ -405,7 +409,6 @@ def main() -> None:
                 copy_stream = heldout_stream(tokenizer)
                 for gap in (0, 256, 768):
                     record(row | {"task": "copy", "gap": gap} | copy_scores(scored, copy_trials(copy_stream, gap, 16)))
-
 
 if __name__ == "__main__":
     main()

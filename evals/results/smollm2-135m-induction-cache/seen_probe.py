@@ -35,11 +35,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from cache_probe import DATA, CacheGate, entropy_of, ngram_predictions, overruled
-from hallamonic.evaluation import passkey as passkey_task
-from hallamonic.evaluation.context import evaluate_context, token_stream
-from hallamonic.evaluation.data import heldout_texts
-from hallamonic.evaluation.lambada import evaluate_lambada
+from cache_probe import DATA, CacheGate, entropy_of, ngram_predictions, overruled, score_tasks
+from hallamonic.evaluation.context import token_stream
 from hallamonic.loading import load_causal_lm
 
 HERE = Path(__file__).parent
@@ -221,27 +218,9 @@ def main() -> None:
         seen_fits = [v for v in variants if v[1] != "ngram"]
         variants = [v for v in variants if v[1] == "ngram"] + ([min(seen_fits, key=lambda v: v[0])] if seen_fits else [])
     tasks = args.tasks.split(",")
-    heldout = heldout_texts(DATA / "fineweb_edu_head_heldout.txt", 0)
-    lambada = [json.loads(line)["text"] for line in (DATA / "lambada_openai_dev1000.jsonl").read_text().splitlines()[:300]]
     for _, name, scored in variants:
-        row = {"model": args.model, "variant": name}
         with torch.no_grad():
-            if "bits" in tasks:
-                start = time.time()
-                result = evaluate_context(scored, tokenizer, heldout, [1024], progress=False)
-                record(row | {"task": "bits", "bits": result["bits_per_token"], "seconds": round(time.time() - start, 1)})
-            if "lambada" in tasks:
-                start = time.time()
-                result = evaluate_lambada(scored, tokenizer, lambada, progress=False)
-                record(row | {"task": "lambada", "accuracy": round(result["accuracy"], 4),
-                              "perplexity": round(result["perplexity"], 1), "correct": result["correct"],
-                              "seconds": round(time.time() - start, 1)})
-            if "passkey" in tasks:
-                start = time.time()
-                result = passkey_task.evaluate_passkey(scored, tokenizer, [1024, 2048, 4096], trials=10, progress=False)
-                record(row | {"task": "passkey", "accuracy": result["accuracy"], "key_tokens": result["key_tokens"],
-                              "seconds": round(time.time() - start, 1)})
-
+            score_tasks(scored, tokenizer, tasks, {"model": args.model, "variant": name}, record, [1024])
 
 if __name__ == "__main__":
     main()
