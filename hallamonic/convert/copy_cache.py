@@ -10,6 +10,14 @@ needs one forward over the windows and then seconds: per scored position it keep
 the entropy, the target's logit and the predicted tokens' logits, from which the cached model's
 loss follows exactly for any gate (``cached_nll``).
 
+With the context-word cue (``seen``: every token already in the window raised by softplus(c + d
+H_t + e log p_t(v) + g log count_t(v))) the fit needs more, but still only the window's own
+tokens: every token either cue raises occurs in the window, so per position the logits of the
+window's distinct tokens (a few hundred "slots"), their counts so far, and the log-sum-exp over all
+other tokens give the loss exactly (``seen_cached_nll``). The n-gram gate is fitted first as
+without it, then both together by L-BFGS (4 x orders + 4 numbers; an Adam step over the slots
+costs ~1 s here).
+
 Attached after phase 2, not before: a cache present while the blocks train would cost every
 phase-2 step a full-vocabulary entropy, and its gate starts closed anyway.
 """
@@ -28,14 +36,34 @@ from hallamonic.modeling.modeling_hallamonic import CopyCacheHead, HallamonicFor
 # model is built with: there softplus's slope is 5e-5 and the fit stopped short (SmolLM2, the recipe's 48 windows:
 # 3.2410 nats/token from the closed gate, 3.2393 from here, long orders then open where the model is sure).
 FIT_START = (-2.0, 0.0, 0.0, 0.0)
+SEEN_FIT_START = (-4.0, 0.0, 0.0, 0.0)  # the context-word cue's start: softplus(-4) = 0.018 nats
 
 
-def attach_copy_cache(model: HallamonicForCausalLM, orders: list[int], buckets: int) -> CopyCacheHead:
-    """Add a closed copy cache (gate at its init) to `model` and record it in the config."""
+def _fit_lbfgs(loss_fn, params, iterations: int = 60) -> float:
+    """Minimise loss_fn() over params by L-BFGS; returns the final loss. On the few gate numbers
+    60 iterations reach what 1,000 Adam steps do (seen_probe.py)."""
+    params = list(params)
+    optimizer = torch.optim.LBFGS(params, lr=1.0, max_iter=iterations, history_size=20, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    with torch.no_grad():
+        return float(loss_fn())
+
+
+def attach_copy_cache(model: HallamonicForCausalLM, orders: list[int], buckets: int, seen: bool = False) -> CopyCacheHead:
+    """Add a closed copy cache (gate at its init; with ``seen``, the context-word cue too) to
+    `model` and record it in the config."""
     model.config.copy_cache_orders, model.config.copy_cache_buckets = list(orders), buckets
+    model.config.copy_cache_seen = seen
     model.config._validate_hallamonic()
     device = model.lm_head.weight.device
-    model.copy_cache = CopyCacheHead(list(orders)).to(device)
+    model.copy_cache = CopyCacheHead(list(orders), seen).to(device)
     return model.copy_cache
 
 
@@ -46,7 +74,9 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
     logits, which predictions exist, agree with each other, are overruled by a longer order and hit
     the target."""
     keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "overruled", "hit")
-    parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+    slot_keys = ("slot_logit", "slot_count", "lse_unseen", "pred_slot", "target_slot")
+    seen = model.copy_cache.seen_gate is not None
+    parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys + (slot_keys if seen else ())}
     device = model.lm_head.weight.device
     for ids in tqdm(windows, desc="copy cache statistics", unit="window", disable=not progress):
         ids = ids[None].to(device)  # (1, L)
@@ -63,7 +93,30 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
         parts["same"].append((preds[:, :, None] == preds[:, None, :]) & valid[:, :, None] & valid[:, None, :])
         parts["overruled"].append(model.copy_cache.overruled(preds))
         parts["hit"].append((preds == target[:, None]) & valid)
-    return {key: torch.cat(value).cpu() for key, value in parts.items()}
+        if seen:
+            _slot_statistics(parts, logits, model.copy_cache_counts(ids[:, :-1])[0], ids[0], preds)
+    stats = {key: torch.cat(value).cpu() for key, value in parts.items() if not key.startswith("slot_")}
+    if seen:  # windows hold different numbers of distinct tokens: pad the slots
+        width = max(part.shape[1] for part in parts["slot_logit"])
+        pad = lambda part, value: torch.nn.functional.pad(part, (0, width - part.shape[1]), value=value)  # noqa: E731
+        stats["slot_logit"] = torch.cat([pad(part, float("-inf")) for part in parts["slot_logit"]]).cpu()
+        stats["slot_count"] = torch.cat([pad(part, 0.0) for part in parts["slot_count"]]).cpu()
+    return stats
+
+
+def _slot_statistics(parts: dict, logits: torch.Tensor, counts: torch.Tensor, ids: torch.Tensor, preds: torch.Tensor) -> None:
+    """Append one window's slot statistics: logits (L-1, V), counts so far (L-1, V), ids (L,),
+    predictions (L-1, K). Slots are the window's distinct tokens, the only ones a cue can raise."""
+    distinct = torch.unique(ids)  # (S,)
+    slot_of = torch.full((logits.shape[-1],), -1, dtype=torch.long, device=ids.device)
+    slot_of[distinct] = torch.arange(len(distinct), device=ids.device)
+    target = ids[1:]  # (L-1,)
+    seen = counts > 0  # (L-1, V)
+    parts["slot_logit"].append(logits[:, distinct])  # (L-1, S)
+    parts["slot_count"].append(counts[:, distinct])
+    parts["lse_unseen"].append(torch.logsumexp(logits.masked_fill(seen, float("-inf")), -1))  # (L-1,)
+    parts["pred_slot"].append(torch.where(preds >= 0, slot_of[preds.clamp(min=0)], 0))  # (L-1, K)
+    parts["target_slot"].append(torch.where(seen.gather(-1, target[:, None])[:, 0], slot_of[target], -1))
 
 
 def cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
@@ -79,6 +132,20 @@ def cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     return (lse - target).mean()
 
 
+def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
+    """Mean next-token NLL (nats) of the model with `head`, context-word cue included, from the
+    slot statistics; exact, differentiable in both gates."""
+    log_p = stats["slot_logit"] - stats["lse"][:, None]  # (P, S)
+    boosts = head.boosts(stats["entropy"], log_p.gather(-1, stats["pred_slot"]), stats["overruled"]) * stats["valid"]
+    z = stats["slot_logit"].scatter_add(-1, stats["pred_slot"], boosts)  # (P, S): agreeing orders add up
+    z = z + head.seen_boosts(stats["entropy"], log_p, stats["slot_count"])
+    active = stats["slot_count"] > 0  # seen so far
+    lse = torch.logaddexp(stats["lse_unseen"], torch.logsumexp(z.masked_fill(~active, float("-inf")), -1))
+    slot = stats["target_slot"]
+    target = torch.where(slot >= 0, z.gather(-1, slot.clamp(min=0)[:, None])[:, 0], stats["target"])
+    return (lse - target).mean()
+
+
 def fit_copy_cache(
     model: HallamonicForCausalLM, windows: torch.Tensor, *, steps: int = 400, lr: float = 0.05, progress: bool = True
 ) -> dict:
@@ -87,7 +154,7 @@ def fit_copy_cache(
         raise ValueError("fit_copy_cache: the model has no copy cache; call attach_copy_cache first")
     began = time.perf_counter()
     stats = copy_cache_statistics(model, windows, progress=progress)
-    head = CopyCacheHead(model.config.copy_cache_orders)
+    head = CopyCacheHead(model.config.copy_cache_orders, seen=model.copy_cache.seen_gate is not None)
     with torch.no_grad():
         head.gate.copy_(torch.tensor([FIT_START] * len(model.config.copy_cache_orders)))
         before = float((stats["lse"] - stats["target"]).mean())
@@ -99,8 +166,18 @@ def fit_copy_cache(
         optimizer.step()
     with torch.no_grad():
         after = float(cached_nll(stats, head))
+    report = {}
+    if head.seen_gate is not None:  # the context-word cue, with the n-gram gate, from where that stopped
+        ngram_only = after
+        with torch.no_grad():
+            head.seen_gate.copy_(torch.tensor(SEEN_FIT_START))
+        after = _fit_lbfgs(lambda: seen_cached_nll(stats, head), head.parameters())
+        with torch.no_grad():
+            model.copy_cache.seen_gate.copy_(head.seen_gate.to(model.copy_cache.seen_gate))
+        report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g
+    with torch.no_grad():
         model.copy_cache.gate.copy_(head.gate.to(model.copy_cache.gate))
-    return {
+    return report | {
         "orders": list(model.config.copy_cache_orders),
         "buckets": model.config.copy_cache_buckets,
         "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n, f_n, o_n

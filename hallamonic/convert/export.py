@@ -181,8 +181,12 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
             "",
             f"On top of the LM head, exact n-gram recall over token ids (orders {cache['orders']}, {cache['buckets']:,} hash "
             "buckets each): the token that followed the last earlier occurrence of the current n tokens gets its logit raised "
-            "by softplus(a_n + b_n x the model's entropy + f_n x the model's log-probability of that token). "
-            "It recalls verbatim repeats at any distance in constant memory; "
+            "by softplus(a_n + b_n x the model's entropy + f_n x the model's log-probability of that token + o_n where a "
+            "longer order predicts another token). "
+            + ("With the context-word cue, every token already in the context is raised too, by softplus(c + d x entropy + "
+               f"e x its log-probability + g x log of its count so far) (fitted: {cache['seen_gate']}; the n-gram gate alone "
+               f"{cache['nll_ngram_only']} nats/token). " if "seen_gate" in cache else "")
+            + "It recalls verbatim repeats at any distance in constant memory; "
             f"it cannot recall what is asked in other words. Gate fitted on {cache['fit_tokens']:,} training tokens: "
             f"{cache['nll_before']} -> {cache['nll_after']} nats/token. Greedy decoding with the cache repeats itself, so "
             f"`generate` defaults to `repetition_penalty={COPY_CACHE_REPETITION_PENALTY}` (generation_config.json); "

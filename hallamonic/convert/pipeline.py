@@ -332,7 +332,7 @@ def convert(
         measure_transfer("phase2-refit")
     copy_cache = None
     if "phase2" in phases and recipe.copy_cache.orders:
-        attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets)
+        attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets, recipe.copy_cache.seen)
         student.eval()
         copy_cache = fit_copy_cache(
             student, _copy_cache_windows(recipe, streams["phase2"]), steps=recipe.copy_cache.fit_steps,

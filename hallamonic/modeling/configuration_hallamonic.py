@@ -97,6 +97,9 @@ class HallamonicConfig(PreTrainedConfig):
             design, fitted after conversion.
         copy_cache_buckets: entries of the cache's hash table per order (the recurrent state holds
             2 x orders x buckets int64 per sequence; collisions forget older n-grams).
+        copy_cache_seen: the copy cache's context-word cue: every token already in the sequence gets
+            its logit raised by softplus(c + d H + e log p + g log count), so a word the context holds
+            can win where no n-gram leads to it (LAMBADA). Its state: one count per vocabulary entry.
         base_model_name_or_path: the teacher this model was converted from (for evaluations).
     """
 
@@ -138,6 +141,7 @@ class HallamonicConfig(PreTrainedConfig):
         forward_chunk_size: int = 0,
         copy_cache_orders: list[int] | None = None,
         copy_cache_buckets: int = 65536,
+        copy_cache_seen: bool = False,
         base_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
         use_cache: bool = True,
@@ -180,6 +184,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.forward_chunk_size = forward_chunk_size
         self.copy_cache_orders = list(copy_cache_orders) if copy_cache_orders else []
         self.copy_cache_buckets = copy_cache_buckets
+        self.copy_cache_seen = copy_cache_seen
         self.base_model_name_or_path = base_model_name_or_path
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache
@@ -273,6 +278,8 @@ class HallamonicConfig(PreTrainedConfig):
             raise ValueError(f"HallamonicConfig: `copy_cache_orders` must list distinct positive n-gram orders, got {orders!r}")
         if orders:
             positive_int("copy_cache_buckets")
+        if not isinstance(self.copy_cache_seen, bool) or (self.copy_cache_seen and not orders):
+            raise ValueError(f"HallamonicConfig: `copy_cache_seen` must be a bool, true only with `copy_cache_orders`, got {self.copy_cache_seen!r}")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if self.per_layer_bands and len(self.timescale_bands) != self.num_hidden_layers:

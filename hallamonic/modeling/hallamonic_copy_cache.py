@@ -19,6 +19,8 @@ n-gram (up to a 62-bit hash match). Negative token ids (padding) never form n-gr
 * :func:`copy_predictions` -- vectorised over a chunk: sort the chunk's positions by bucket, find
   each lookup's latest earlier insertion in the chunk, fall back to the carried table, then write
   the chunk's last insertion per bucket into the table.
+* :func:`context_counts` / :func:`advance_counts` -- the optional context-word cue's state: how many
+  times each vocabulary entry has occurred so far (one (B, V) count table, constant in length).
 
 This file is shipped inside every converted checkpoint: it imports only torch and the standard
 library, and does no I/O.
@@ -149,3 +151,25 @@ def copy_predictions(
         keys[:, k] = torch.where(touched, hashes.gather(1, winner), keys[:, k])
         successors[:, k] = torch.where(touched, successor.gather(1, winner), successors[:, k])
     return preds, CopyCacheState(history[:, -width:], keys, successors)
+
+
+def context_counts(
+    tokens: torch.Tensor, vocab: int, start: int = 0, stop: int | None = None, carried: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(B, stop - start, V) float32: how many times each token id occurred in the sequence up to and
+    including position t, for t = start .. stop-1 of tokens (B, L); ``carried`` (B, V) counts what
+    came before this chunk. Negative ids (padding) are not counted. What the context-word cue reads
+    (``copy_cache_seen``): as large as the logits of the same positions, and no larger."""
+    batch, length = tokens.shape
+    stop = length if stop is None else stop
+    ids, real = tokens.clamp(min=0), (tokens >= 0).float()  # (B, L) each
+    before = torch.zeros(batch, vocab, device=tokens.device) if carried is None else carried.float().clone()
+    before.scatter_add_(1, ids[:, :start], real[:, :start])  # (B, V): everything before `start`
+    steps = torch.zeros(batch, stop - start, vocab, device=tokens.device)
+    steps.scatter_(2, ids[:, start:stop, None], real[:, start:stop, None])  # (B, S, V): one-hot of each position
+    return before[:, None, :] + steps.cumsum(1)
+
+
+def advance_counts(counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(B, V) int64 counts after the chunk tokens (B, L) (negative ids not counted)."""
+    return counts.scatter_add(1, tokens.clamp(min=0), (tokens >= 0).long())

@@ -45,6 +45,8 @@ followed the last earlier occurrence of the current n tokens gets its logit rais
 amount gated by the model's entropy, its own log-probability of that token and whether a longer
 order contradicts it (``CopyCacheHead``;
 tables in ``hallamonic_copy_cache.py``, carried in the generation cache). The blocks do not copy verbatim; this recalls exact repeats at any distance.
+With ``copy_cache_seen`` it also raises every token already in the context, by a gate on the
+model's log-probability of it and its count so far (one count per vocabulary entry carried).
 
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
 one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache
@@ -70,7 +72,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_hallamonic import HallamonicConfig
-from .hallamonic_copy_cache import CopyCacheState, copy_predictions
+from .hallamonic_copy_cache import CopyCacheState, advance_counts, context_counts, copy_predictions
 from .hallamonic_delta_scan import delta_scan, delta_step
 from .hallamonic_scan import scan, scan_step
 from .hallamonic_selective_scan import MAX_DECAY_RATE, selective_scan, selective_step
@@ -663,6 +665,8 @@ class HallamonicPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
         elif isinstance(module, CopyCacheHead):
             init.copy_(module.gate, torch.tensor([COPY_CACHE_GATE_INIT] * module.gate.shape[0]))
+            if module.seen_gate is not None:
+                init.copy_(module.seen_gate, torch.tensor(COPY_CACHE_SEEN_INIT))
 
 
 class HallamonicModel(HallamonicPreTrainedModel):
@@ -772,6 +776,7 @@ class HallamonicModel(HallamonicPreTrainedModel):
 # --------------------------------------------------------------------------------------------
 COPY_CACHE_GATE_INIT = (-10.0, 0.0, 0.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
 COPY_CACHE_LOGP_FLOOR = -30.0  # log p below this reads as this: no boost grows without bound
+COPY_CACHE_SEEN_INIT = (-10.0, 0.0, 0.0, 0.0)  # the context-word cue (c, d, e, g): off until fitted
 
 
 class CopyCacheHead(nn.Module):
@@ -791,10 +796,12 @@ class CopyCacheHead(nn.Module):
     (evals/results/smollm2-135m-induction-cache). ``gate`` (orders, 4) holds (a_n, b_n, f_n, o_n);
     a conversion fits it on its training text."""
 
-    def __init__(self, orders: list[int]):
+    def __init__(self, orders: list[int], seen: bool = False):
         super().__init__()
         self.orders = list(orders)  # no buffer: nothing for loading on the meta device to leave uninitialised
         self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT] * len(orders)))  # (K, 4)
+        # The context-word cue (``copy_cache_seen``): (c, d, e, g), see ``seen_boosts``.
+        self.seen_gate = nn.Parameter(torch.tensor(COPY_CACHE_SEEN_INIT)) if seen else None  # (4,)
 
     @staticmethod
     def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -817,14 +824,33 @@ class CopyCacheHead(nn.Module):
         log_p = log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
         return F.softplus(a + b * entropy[..., None].float() + f * log_p + o * overruled.float())
 
-    def forward(self, logits: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
-        """logits (B, S, V) and the cache's (B, S, K) predicted ids (-1 = none) -> fp32 logits."""
+    def seen_boosts(self, entropy: torch.Tensor, log_p: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """(..., S) boosts of tokens already in the context, at positions whose entropy is (...), for
+        tokens whose log-probabilities and counts so far are (..., S) (0 where a count is 0):
+
+            gamma_t(v) = softplus(c + d H_t + e log p_t(v) + g log count_t(v)).
+
+        Why: LAMBADA's target word occurs earlier in most passages, but rarely after the same token
+        (evals/results/smollm2-135m-induction-cache/seen_probe.py): the n-gram orders cannot find it,
+        a cue on every context word can, and reading log p lets it re-rank the model's own candidates."""
+        c, d, e, g = self.seen_gate.unbind()
+        x = c + d * entropy[..., None].float() + e * log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
+        return F.softplus(x + g * counts.float().clamp(min=1).log()) * (counts > 0)
+
+    def forward(self, logits: torch.Tensor, predictions: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """logits (B, S, V), the cache's (B, S, K) predicted ids (-1 = none) and, with the
+        context-word cue, the (B, S, V) counts of each token so far -> fp32 logits."""
         logits = logits.float()
         log_p = torch.log_softmax(logits, dim=-1)  # (B, S, V)
         entropy = -(log_p.exp() * log_p).sum(-1)  # (B, S)
         tokens = predictions.clamp(min=0)  # (B, S, K)
         boost = self.boosts(entropy, log_p.gather(-1, tokens), self.overruled(predictions)) * (predictions >= 0)
-        return logits.scatter_add(-1, tokens, boost)  # orders agreeing on a token add up
+        out = logits.scatter_add(-1, tokens, boost)  # orders agreeing on a token add up
+        if self.seen_gate is not None:
+            if counts is None:
+                raise ValueError("CopyCacheHead: the context-word cue needs the counts of the tokens so far")
+            out = out + self.seen_boosts(entropy, log_p, counts)
+        return out
 
 
 def _copy_cache_layer(cache: Cache):
@@ -844,17 +870,22 @@ def _copy_cache_layer(cache: Cache):
     return layer
 
 
-def _pack_copy_state(state: CopyCacheState) -> torch.Tensor:
-    """(B, R + 2 K M) int64, every id + 1 so that a zeroed (reset) slot reads as empty."""
+def _pack_copy_state(state: CopyCacheState, counts: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, R + 2 K M [+ V]) int64, every id + 1 so that a zeroed (reset) slot reads as empty; the
+    context-word cue's (B, V) counts, when there are any, at the end."""
     batch = state.tail.shape[0]
-    return torch.cat([state.tail, state.keys.reshape(batch, -1), state.successors.reshape(batch, -1)], dim=1) + 1
+    parts = [state.tail, state.keys.reshape(batch, -1), state.successors.reshape(batch, -1)]
+    return torch.cat(parts + ([counts] if counts is not None else []), dim=1) + 1
 
 
-def _unpack_copy_state(packed: torch.Tensor, orders: int, buckets: int) -> CopyCacheState:
+def _unpack_copy_state(packed: torch.Tensor, orders: int, buckets: int, vocab: int = 0) -> tuple[CopyCacheState, torch.Tensor | None]:
+    """The state and the (B, V) counts (None when vocab is 0: no context-word cue)."""
     values = packed - 1
+    counts = values[:, values.shape[1] - vocab :].clamp(min=0) if vocab else None  # a reset slot reads -1: none
+    values = values[:, : values.shape[1] - vocab]
     width = values.shape[1] - 2 * orders * buckets
     tables = values[:, width:].reshape(values.shape[0], 2, orders, buckets)
-    return CopyCacheState(values[:, :width], tables[:, 0], tables[:, 1])
+    return CopyCacheState(values[:, :width], tables[:, 0], tables[:, 1]), counts
 
 
 class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
@@ -865,7 +896,7 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         self.model = HallamonicModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.copy_cache = CopyCacheHead(config.copy_cache_orders) if config.copy_cache_orders else None
+        self.copy_cache = CopyCacheHead(config.copy_cache_orders, config.copy_cache_seen) if config.copy_cache_orders else None
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -912,8 +943,12 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden)  # (B, L', V)
         if self.copy_cache is not None:  # continues from a given cache's tables; updates them when the trunk updates its states
             tables = outputs.cache if outputs.cache is not None else cache
+            kept = logits.shape[1]
+            counts = None  # read before the predictions advance the tables
+            if self.config.copy_cache_seen:
+                counts = self.copy_cache_counts(input_ids, attention_mask, tables, start=input_ids.shape[1] - kept)
             predictions = self.copy_cache_predictions(input_ids, attention_mask, tables, update=outputs.cache is not None)
-            logits = self.copy_cache(logits, predictions[:, -logits.shape[1] :])  # predictions: (B, L, K)
+            logits = self.copy_cache(logits, predictions[:, -kept:], counts)  # predictions: (B, L, K)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
@@ -925,6 +960,25 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
             loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states
         )
 
+    def _copy_cache_tokens(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """input_ids with padding (mask 0) as -1: padding forms no n-grams and is not counted."""
+        if input_ids is None:
+            raise ValueError("HallamonicForCausalLM: the copy cache reads token ids; pass `input_ids`, not `inputs_embeds`")
+        if attention_mask is not None:
+            return torch.where(attention_mask[:, -input_ids.shape[1] :].bool(), input_ids, -1)
+        return input_ids
+
+    def _copy_cache_state(self, cache: Cache | None) -> tuple[CopyCacheState | None, torch.Tensor | None]:
+        """The copy cache's tables and counts carried in ``cache`` (None, None before the first chunk)."""
+        if cache is None:
+            return None, None
+        layer = _copy_cache_layer(cache)
+        if not layer.is_recurrent_states_initialized[1]:
+            return None, None
+        config = self.config
+        vocab = config.vocab_size if config.copy_cache_seen else 0
+        return _unpack_copy_state(layer.recurrent_states[1], len(config.copy_cache_orders), config.copy_cache_buckets, vocab)
+
     def copy_cache_predictions(
         self,
         input_ids: torch.Tensor | None,
@@ -933,23 +987,34 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         update: bool = True,
     ) -> torch.Tensor:
         """(B, L, K) the copy cache's predicted next ids for input_ids (-1 = none), continuing from
-        ``cache``'s tables when one is given (and, with ``update``, writing them back). Padding
-        (mask 0) forms no n-grams."""
-        if input_ids is None:
-            raise ValueError("HallamonicForCausalLM: the copy cache reads token ids; pass `input_ids`, not `inputs_embeds`")
+        ``cache``'s tables when one is given (and, with ``update``, writing them back, with the
+        context-word cue's counts advanced too). Padding (mask 0) forms no n-grams."""
         config = self.config
-        tokens = input_ids
-        if attention_mask is not None:
-            tokens = torch.where(attention_mask[:, -input_ids.shape[1] :].bool(), input_ids, -1)
-        state = None
-        if cache is not None:
-            layer = _copy_cache_layer(cache)
-            if layer.is_recurrent_states_initialized[1]:
-                state = _unpack_copy_state(layer.recurrent_states[1], len(config.copy_cache_orders), config.copy_cache_buckets)
+        tokens = self._copy_cache_tokens(input_ids, attention_mask)
+        state, counts = self._copy_cache_state(cache)
         predictions, state = copy_predictions(tokens, config.copy_cache_orders, config.copy_cache_buckets, state)
         if cache is not None and update:
-            cache.update_recurrent_state(_pack_copy_state(state), 0, state_idx=1)
+            if config.copy_cache_seen:
+                if counts is None:
+                    counts = torch.zeros(tokens.shape[0], config.vocab_size, dtype=torch.long, device=tokens.device)
+                counts = advance_counts(counts, tokens)
+            cache.update_recurrent_state(_pack_copy_state(state, counts), 0, state_idx=1)
         return predictions
+
+    def copy_cache_counts(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> torch.Tensor:
+        """(B, stop - start, V) how many times each token has occurred up to each position
+        start .. stop-1 of input_ids, counting what ``cache`` carries from earlier chunks (the
+        context-word cue's input; it does not advance the cache: copy_cache_predictions does)."""
+        tokens = self._copy_cache_tokens(input_ids, attention_mask)
+        _, carried = self._copy_cache_state(cache)
+        return context_counts(tokens, self.config.vocab_size, start, stop, carried)
 
 
 HallamonicConfig.register_for_auto_class()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hallamonic.convert.copy_cache import attach_copy_cache, cached_nll, copy_cache_statistics, fit_copy_cache
+from hallamonic.convert.copy_cache import attach_copy_cache, cached_nll, copy_cache_statistics, fit_copy_cache, seen_cached_nll
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
 
 
@@ -45,6 +45,43 @@ def test_the_fit_loss_is_the_cached_models_own_loss():
         assert abs(float(cached_nll(stats, model.copy_cache)) - float(want)) < 1e-5
 
 
+def test_the_context_word_fit_loss_is_the_cached_models_own_loss():
+    """With the context-word cue the fit reads only the windows' own tokens (slots) and the
+    log-sum-exp of the rest: still exactly the loss of the model's own logits."""
+    model = tiny_model()
+    attach_copy_cache(model, [1, 3], 64, seen=True)
+    with torch.no_grad():
+        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4, -1.5], [1.5, -0.1, 0.2, 0.0]]))
+        model.copy_cache.seen_gate.copy_(torch.tensor([0.3, 0.2, 0.4, 0.6]))
+    windows = torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))])  # windows with different slot counts
+    stats = copy_cache_statistics(model, windows, progress=False)
+    with torch.no_grad():
+        logits = model(windows).logits.double()
+        want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 40), windows[:, 1:].reshape(-1))
+        assert abs(float(seen_cached_nll(stats, model.copy_cache)) - float(want)) < 1e-5
+        model.copy_cache.seen_gate.fill_(-30.0)  # closed: back to the n-gram cache alone
+        assert abs(float(seen_cached_nll(stats, model.copy_cache)) - float(cached_nll(stats, model.copy_cache))) < 1e-5
+
+
+def test_the_context_word_fit_beats_the_ngram_fit_on_text_that_reuses_its_words():
+    """Windows whose words come from a small per-window set, in no fixed order: no n-gram leads to
+    the next word, but it is one seen before. The cue's fit must find that (and report both)."""
+    gen = torch.Generator().manual_seed(0)
+    windows = torch.stack([torch.randperm(40, generator=gen)[:6][torch.randint(0, 6, (96,), generator=gen)] for _ in range(6)])
+    ngram_model, seen_model = tiny_model(), tiny_model()
+    attach_copy_cache(ngram_model, [1, 2], 256)
+    attach_copy_cache(seen_model, [1, 2], 256, seen=True)
+    ngram = fit_copy_cache(ngram_model, windows, steps=150, progress=False)
+    seen = fit_copy_cache(seen_model, windows, steps=150, progress=False)
+    assert seen["nll_ngram_only"] == pytest.approx(ngram["nll_after"], abs=1e-4)  # the same first stage
+    assert seen["nll_after"] < ngram["nll_after"] - 0.3
+    torch.testing.assert_close(seen_model.copy_cache.seen_gate, torch.tensor(seen["seen_gate"]), atol=1e-3, rtol=0)
+    with torch.no_grad():  # the fitted numbers are the model's: its own loss is the reported one
+        logits = seen_model(windows).logits
+        own = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 40), windows[:, 1:].reshape(-1))
+    assert float(own) == pytest.approx(seen["nll_after"], abs=1e-3)
+
+
 def test_fit_opens_the_gate_where_copying_pays_and_lowers_the_loss():
     model = tiny_model()
     attach_copy_cache(model, [1, 2, 3], 256)
@@ -63,13 +100,15 @@ def test_fit_opens_the_gate_where_copying_pays_and_lowers_the_loss():
         torch.testing.assert_close(model(fresh).logits, plain_logits)
 
 
-def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path):
+@pytest.mark.parametrize("seen", [False, True], ids=["ngram", "context-words"])
+def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path, seen):
     model = tiny_model()
-    attach_copy_cache(model, [1, 2], 128)
+    attach_copy_cache(model, [1, 2], 128, seen=seen)
     fit_copy_cache(model, repeating_windows(2, 48), steps=20, progress=False)
     model.save_pretrained(tmp_path)
     again = HallamonicForCausalLM.from_pretrained(tmp_path).eval()
     assert again.config.copy_cache_orders == [1, 2] and again.config.copy_cache_buckets == 128
+    assert again.config.copy_cache_seen is seen
     ids = repeating_windows(1, 40, seed=3)
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, model(ids).logits)
@@ -79,6 +118,8 @@ def test_bad_orders_and_missing_ids_are_refused():
     model = tiny_model()
     with pytest.raises(ValueError, match="copy_cache_orders"):
         attach_copy_cache(model, [2, 2], 64)
+    with pytest.raises(ValueError, match="copy_cache_seen"):
+        attach_copy_cache(tiny_model(), [], 64, seen=True)
     with pytest.raises(ValueError, match="no copy cache"):
         fit_copy_cache(tiny_model(), repeating_windows(1, 24), progress=False)
     attach_copy_cache(model, [1], 64)

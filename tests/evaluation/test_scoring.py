@@ -21,18 +21,23 @@ def test_sliced_scores_equal_full_logits(llama):
     torch.testing.assert_close(tail, nll[:, 45:])
 
 
-def test_sliced_scores_apply_the_copy_cache_like_the_forward():
-    """The scorer runs trunk and head itself: a Hallamonic copy cache must post-process each slice."""
+@pytest.mark.parametrize("seen", [False, True], ids=["ngram", "context-words"])
+def test_sliced_scores_apply_the_copy_cache_like_the_forward(seen):
+    """The scorer runs trunk and head itself: a Hallamonic copy cache must post-process each slice
+    (with the context-word cue, each slice's counts include every token before it)."""
     from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
 
     torch.manual_seed(0)
     config = HallamonicConfig(
         vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, tie_word_embeddings=True, copy_cache_orders=[1, 2], copy_cache_buckets=64,
+        copy_cache_seen=seen,
     )
     model = HallamonicForCausalLM(config).eval()
     with torch.no_grad():
         model.copy_cache.gate.copy_(torch.tensor([[2.0, 0.1, -0.3, -1.0], [3.0, 0.0, 0.2, 0.0]]))
+        if seen:
+            model.copy_cache.seen_gate.copy_(torch.tensor([0.5, 0.2, 0.3, 0.8]))
     ids = torch.randint(0, 12, (2, 40))  # a small alphabet: many n-grams repeat
     with torch.no_grad():
         logp = model(ids).logits.double().log_softmax(-1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hallamonic.modeling.hallamonic_copy_cache import (
-    CopyCacheState, copy_predictions, ngram_hashes, reference_copy_predictions,
+    CopyCacheState, advance_counts, context_counts, copy_predictions, ngram_hashes, reference_copy_predictions,
 )
 
 
@@ -127,3 +127,24 @@ def test_an_order_is_overruled_when_a_longer_order_predicts_another_token():
     ])
     assert torch.equal(head.overruled(predictions), want)
     assert torch.equal(head.overruled(predictions[None]), want[None])  # any leading shape
+
+
+@pytest.mark.parametrize("start, stop", [(0, None), (5, 17), (16, 17), (0, 1)])
+def test_context_counts_count_each_id_so_far_with_carried_counts_and_padding(start, stop):
+    """The context-word cue's input: per position, how often each id occurred up to and including
+    it, continuing from carried counts; padding (-1) is never counted."""
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 7, (2, 17), generator=gen)
+    tokens[1, :4] = -1  # left padding
+    carried = torch.randint(0, 3, (2, 7), generator=gen)
+    got = context_counts(tokens, 7, start, stop, carried)
+    stop = 17 if stop is None else stop
+    assert got.shape == (2, stop - start, 7)
+    for b in range(2):
+        for t in range(start, stop):
+            want = carried[b].clone()
+            for s in tokens[b, : t + 1].tolist():
+                if s >= 0:
+                    want[s] += 1
+            assert torch.equal(got[b, t - start].long(), want)
+    assert torch.equal(advance_counts(carried, tokens), context_counts(tokens, 7, 16, 17, carried)[:, 0].long())

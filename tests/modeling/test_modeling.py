@@ -42,6 +42,8 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
                 param.mul_(4.0)
         if model.copy_cache is not None:  # a closed gate would hide a broken cache: open it wide
             model.copy_cache.gate.copy_(torch.randn_like(model.copy_cache.gate) * 0.3 + torch.tensor([2.0, 0.0, 0.0, 0.0]))
+            if model.copy_cache.seen_gate is not None:
+                model.copy_cache.seen_gate.copy_(torch.tensor([1.0, 0.2, 0.3, 0.7]))
     return model
 
 
@@ -54,11 +56,12 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
         (4, 8, "identity", ["delta", "sum"], {"timescale_bands": [[[1, 16], [16, 256], [256, 4096]], [[1, 64], [64, 4096]]]}),
         (0, 8, "taylor", "sum", {"taylor_dims": 4}), (4, 8, ["taylor", "identity"], ["sum", "delta"], {"taylor_dims": 3}),
         (4, 8, "identity", "sum", {"copy_cache_orders": [1, 2], "copy_cache_buckets": 8}),
+        (0, 8, "identity", "sum", {"copy_cache_orders": [1, 3], "copy_cache_buckets": 8, "copy_cache_seen": True}),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
         "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path", "per-layer-levels",
-        "taylor", "taylor-short-conv-beside-delta", "copy-cache",
+        "taylor", "taylor-short-conv-beside-delta", "copy-cache", "copy-cache-context-words",
     ],
 )
 def model(request) -> HallamonicForCausalLM:
@@ -72,7 +75,7 @@ def model(request) -> HallamonicForCausalLM:
     different numbers of levels (three, then two: states of two level counts in one cache), and
     Taylor features (alone, and beside a delta-rule layer: 1 + M + M(M+1)/2 features per row), and
     the copy cache (its n-gram tables carried in the cache beside the blocks' states; 8 buckets, so
-    collisions happen)."""
+    collisions happen), and with its context-word cue (one count per vocabulary entry carried too)."""
     short_conv_size, state_size, feature_map, *rest = request.param
     return stateful_model(
         short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map,
@@ -200,6 +203,7 @@ def test_cache_size_is_constant_in_generated_length(model):
     orders = model.config.copy_cache_orders
     if orders:  # the last max(orders) tokens and, per order, each bucket's hash and successor: int64
         expected += (max(orders) + 2 * len(orders) * model.config.copy_cache_buckets) * 8
+        expected += model.config.vocab_size * 8 * model.config.copy_cache_seen  # the context-word cue's counts
     assert short == long == expected
 
 

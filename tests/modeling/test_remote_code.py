@@ -49,8 +49,9 @@ json.dump(result, open(out_path, "w"))
     params=[
         (1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"]), (8, "identity", "delta"),
         (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32}),
+        (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32, "copy_cache_seen": True}),
     ],
-    ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta", "copy-cache"],
+    ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta", "copy-cache", "copy-cache-context-words"],
 )
 def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
     torch.manual_seed(0)
@@ -67,6 +68,8 @@ def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
                 param.add_(torch.randn_like(param) * 0.2)
         if model.copy_cache is not None:  # open the gate so that the cache shows in the logits
             model.copy_cache.gate.copy_(torch.tensor([[1.0, 0.2, -0.5, -1.0], [2.0, 0.0, 0.0, 0.5], [0.5, 0.5, 0.2, 0.0]]))
+            if model.copy_cache.seen_gate is not None:
+                model.copy_cache.seen_gate.copy_(torch.tensor([0.5, 0.1, 0.3, 0.6]))
     path = tmp_path_factory.mktemp("ckpt")
     model.save_pretrained(path)
     return path, model
