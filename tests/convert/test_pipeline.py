@@ -68,6 +68,11 @@ def test_export_is_a_complete_checkpoint(converted):
     assert "## Copy cache" in card and "repetition_penalty=1.2" in card
     gate = load_file(out / "model.safetensors")["copy_cache.gate"]
     assert torch.allclose(gate, torch.tensor(report["copy_cache"]["gate"]), atol=1e-3)
+    # and its context-word cue (copy_cache.seen), fitted after the n-gram gate, described in the card
+    assert config["copy_cache_seen"] and "With the context-word cue" in card
+    seen_gate = load_file(out / "model.safetensors")["copy_cache.seen_gate"]
+    assert torch.allclose(seen_gate, torch.tensor(report["copy_cache"]["seen_gate"]), atol=1e-3)
+    assert report["copy_cache"]["nll_after"] <= report["copy_cache"]["nll_ngram_only"] + 1e-4
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["repetition_penalty"] == 1.2  # the cache makes greedy decoding loop: generate counters it
 

@@ -78,6 +78,8 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
     assert config["num_hidden_layers"] == 30 and config["base_model_name_or_path"] == gguf.name
     assert config["copy_cache_orders"] == report["copy_cache"]["orders"] == [1, 2, 3, 4, 6, 8]
     assert model.copy_cache is not None and report["copy_cache"]["fit_tokens"] == 2 * 255
+    assert config["copy_cache_seen"] and model.copy_cache.seen_gate is not None  # the recipe's context-word cue
+    assert report["copy_cache"]["nll_after"] <= report["copy_cache"]["nll_ngram_only"] + 1e-4
 
 
 def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):
