@@ -353,10 +353,16 @@ def score_tasks(scored, tokenizer, tasks: list[str], row: dict, record, bit_leng
                       "seconds": round(time.time() - start, 1)})
 
 
-def record(row: dict) -> None:
-    print(json.dumps(row), flush=True)
-    with open(HERE / "cache_probe.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+def recorder(name: str):
+    """A function that prints a result row and appends it to HERE / name (JSON lines)."""
+    def record(row: dict) -> None:
+        print(json.dumps(row), flush=True)
+        with open(HERE / name, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return record
+
+
+record = recorder("cache_probe.jsonl")
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ Appends one line per (model, variant, task) to seen_probe.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from cache_probe import DATA, CacheGate, entropy_of, ngram_predictions, overruled, score_tasks
+from cache_probe import DATA, CacheGate, entropy_of, ngram_predictions, overruled, recorder, score_tasks
 from hallamonic.evaluation.context import token_stream
 from hallamonic.loading import load_causal_lm
 
@@ -171,10 +170,7 @@ class SeenCachedLM(nn.Module):
         return SimpleNamespace(logits=out)
 
 
-def record(row: dict) -> None:
-    print(json.dumps(row), flush=True)
-    with open(HERE / "seen_probe.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+record = recorder("seen_probe.jsonl")
 
 
 def main() -> None:
