@@ -86,8 +86,10 @@ def score_tokens(
         chunk = states[:, lo:hi]  # (B, S, H|V)
         logits = (head(chunk) if head is not None else chunk).float()  # (B, S, V)
         if copy_cache is not None:
-            counts = model.copy_cache_counts(input_ids, start=lo, stop=hi) if copy_cache.seen_gate is not None else None
-            logits = copy_cache(logits, predictions[:, lo:hi], counts)
+            if getattr(copy_cache, "seen_gate", None) is not None:  # checkpoints before the cue ship heads without it
+                logits = copy_cache(logits, predictions[:, lo:hi], model.copy_cache_counts(input_ids, start=lo, stop=hi))
+            else:
+                logits = copy_cache(logits, predictions[:, lo:hi])
         tgt = targets[:, lo:hi]  # (B, S)
         picked = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # (B, S)
         nll_parts.append((torch.logsumexp(logits, dim=-1) - picked).cpu())

@@ -47,6 +47,15 @@ def test_sliced_scores_apply_the_copy_cache_like_the_forward(seen):
     nll, _ = score_tokens(model, ids, slice_len=9)
     torch.testing.assert_close(nll.double(), want, rtol=1e-4, atol=1e-4)
     assert (nll.double() - without).abs().max() > 0.1  # the cache changed the scores
+    if not seen:  # a checkpoint from before the context-word cue ships a head without it: forward(logits, predictions)
+        head = model.copy_cache
+
+        class HeadBeforeTheCue(torch.nn.Module):
+            def forward(self, logits, predictions):
+                return head(logits, predictions)
+
+        model.copy_cache = HeadBeforeTheCue()
+        torch.testing.assert_close(score_tokens(model, ids, slice_len=9)[0], nll)
 
 
 def test_guards(llama):
