@@ -60,6 +60,13 @@
 #     -o outputs/smollm2-fixed-cache --resume --set 'copy_cache.orders=[1,2,3,4,6,8]'), then
 #     NAME=converted-copy-cache bash evals/smollm2_selective.sh outputs/smollm2-fixed-cache evals/results/smollm2-135m-hallamonic-copy-cache
 #     (to rerun a run above without it: --set 'copy_cache.orders=[]')
+#   a fresh seed-3 run with the n-gram cache (2026-12-06, fourth session; 63.0 min, torch.compile's disk cache cold):
+#     NAME=converted-seed3 bash evals/smollm2_selective.sh outputs/smollm2-seed3 evals/results/smollm2-135m-hallamonic-seed3 \
+#       --set seed=3 --set copy_cache.seen=false
+#   the recipe now (the cache's context-word cue, copy_cache.seen: true): that run resumed with it
+#     (cp -r outputs/smollm2-seed3 outputs/smollm2-seed3-seen; hallamonic convert outputs/smollm2-seed3-seen/training/recipe.yaml
+#     -o outputs/smollm2-seed3-seen --resume --set copy_cache.seen=true; 4.3 min), then
+#     NAME=converted-seed3-seen bash evals/smollm2_selective.sh outputs/smollm2-seed3-seen evals/results/smollm2-135m-hallamonic-seed3-seen
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
