@@ -125,7 +125,7 @@ class CopyCacheSection:
 
     orders: list = field(default_factory=list)  # n-gram orders ([] = no cache)
     buckets: int = 65536  # hash-table entries per order (state: 2 x orders x buckets int64 per sequence)
-    seen: bool = False  # the context-word cue: every token already in the context raised by a gate on log p and its count
+    seen: bool = False  # the context-word cue: every token already in the context raised by a gate on log p and its count (ignored without orders)
     fit_windows: int = 48  # windows of phase-2 training text the gate is fitted on
     fit_length: int = 1024  # tokens per window
     fit_steps: int = 400  # Adam steps of the fit (4 numbers per order; seconds once the windows are scored)
@@ -263,8 +263,8 @@ def _validate(recipe: Recipe) -> None:
                 raise RecipeError(f"recipe key `copy_cache.{key}` must be an integer > 0 when `copy_cache.orders` is set, got {value!r}")
         if not cache.fit_lr > 0:
             raise RecipeError(f"recipe key `copy_cache.fit_lr` must be > 0, got {cache.fit_lr!r}")
-    if not isinstance(cache.seen, bool) or (cache.seen and not cache.orders):
-        raise RecipeError(f"recipe key `copy_cache.seen` must be true or false, and true only with `copy_cache.orders`, got {cache.seen!r}")
+    if not isinstance(cache.seen, bool):
+        raise RecipeError(f"recipe key `copy_cache.seen` must be true or false, got {cache.seen!r}")
     lengths = recipe.eval.context_lengths
     if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
         raise RecipeError(f"recipe key `eval.context_lengths` must be positive integers, got {lengths!r}")

@@ -263,7 +263,7 @@ def test_cli_runs_with_two_processes(tmp_path):
 def test_gradient_accumulation_matches_a_larger_batch(tmp_path):
     """Phase 2's loss is a token mean, so 2 micro-batches of 1 equal one batch of 2 (same rows)."""
     common = ["phase1.steps=0", "phase2.steps=2", "phase2.kl_weight=0", "checkpoint.every=0", "eval.max_windows=0",
-              "harmonic.calibrate_norms=false"]
+              "harmonic.calibrate_norms=false", "copy_cache.orders=[]"]  # the cache's L-BFGS fit would magnify float noise
     convert(load_recipe("tiny", common + ["phase2.batch_size=2", "train.grad_accum=1"]), tmp_path / "a")
     convert(load_recipe("tiny", common + ["phase2.batch_size=1", "train.grad_accum=2"]), tmp_path / "b")
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
