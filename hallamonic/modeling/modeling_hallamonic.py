@@ -944,11 +944,13 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden)  # (B, L', V)
         if self.copy_cache is not None:  # continues from a given cache's tables; updates them when the trunk updates its states
             tables = outputs.cache if outputs.cache is not None else cache
+            tokens = self._copy_cache_tokens(input_ids, attention_mask)
+            state, carried = self._copy_cache_state(tables)  # unpacked once: the counts and the predictions read it
             kept = logits.shape[1]
-            counts = None  # read before the predictions advance the tables
+            counts = None
             if self.config.copy_cache_seen:
-                counts = self.copy_cache_counts(input_ids, attention_mask, tables, start=input_ids.shape[1] - kept)
-            predictions = self.copy_cache_predictions(input_ids, attention_mask, tables, update=outputs.cache is not None)
+                counts = context_counts(tokens, self.config.vocab_size, tokens.shape[1] - kept, None, carried)
+            predictions = self._advance_copy_cache(tokens, state, carried, tables if outputs.cache is not None else None)
             logits = self.copy_cache(logits, predictions[:, -kept:], counts)  # predictions: (B, L, K)
         loss = None
         if labels is not None:
@@ -990,11 +992,18 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         """(B, L, K) the copy cache's predicted next ids for input_ids (-1 = none), continuing from
         ``cache``'s tables when one is given (and, with ``update``, writing them back, with the
         context-word cue's counts advanced too). Padding (mask 0) forms no n-grams."""
-        config = self.config
         tokens = self._copy_cache_tokens(input_ids, attention_mask)
         state, counts = self._copy_cache_state(cache)
+        return self._advance_copy_cache(tokens, state, counts, cache if update else None)
+
+    def _advance_copy_cache(
+        self, tokens: torch.Tensor, state: CopyCacheState | None, counts: torch.Tensor | None, cache: Cache | None
+    ) -> torch.Tensor:
+        """(B, L, K) predictions for tokens from the carried state; with ``cache``, the advanced
+        tables (and the context-word cue's counts) are written back into it."""
+        config = self.config
         predictions, state = copy_predictions(tokens, config.copy_cache_orders, config.copy_cache_buckets, state)
-        if cache is not None and update:
+        if cache is not None:
             if config.copy_cache_seen:
                 if counts is None:
                     counts = torch.zeros(tokens.shape[0], config.vocab_size, dtype=torch.long, device=tokens.device)
