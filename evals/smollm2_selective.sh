@@ -67,6 +67,14 @@
 #     (cp -r outputs/smollm2-seed3 outputs/smollm2-seed3-seen; hallamonic convert outputs/smollm2-seed3-seen/training/recipe.yaml
 #     -o outputs/smollm2-seed3-seen --resume --set copy_cache.seen=true; 4.3 min), then
 #     NAME=converted-seed3-seen bash evals/smollm2_selective.sh outputs/smollm2-seed3-seen evals/results/smollm2-135m-hallamonic-seed3-seen
+#     (the runs above fitted the cache on phase-2 text: to rerun one add --set copy_cache.fit_text=phase2)
+#   that recipe fresh on seed 4 (2026-12-06, fifth session; 57.7 min, compile cache warm; the cache fitted on phase-2 text):
+#     NAME=converted-seed4 bash evals/smollm2_selective.sh outputs/smollm2-seed4 evals/results/smollm2-135m-hallamonic-seed4 \
+#       --set seed=4 --set copy_cache.fit_text=phase2
+#   the recipe now (copy_cache.fit_text: unseen, the cache fitted on text no phase read): that run resumed with it
+#     (cp -r outputs/smollm2-seed4 outputs/smollm2-seed4-unseen; hallamonic convert outputs/smollm2-seed4-unseen/training/recipe.yaml
+#     -o outputs/smollm2-seed4-unseen --resume --set copy_cache.fit_text=unseen), then
+#     NAME=converted-seed4-unseen bash evals/smollm2_selective.sh outputs/smollm2-seed4-unseen evals/results/smollm2-135m-hallamonic-seed4-unseen
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}

@@ -23,6 +23,7 @@ from hallamonic.convert.recipe import Recipe
 # 0.006 (the teacher 0.004; evals/results/smollm2-135m-induction-cache, repetition.py). A user's
 # own `repetition_penalty=` still wins; scores (bits, LAMBADA, passkey) never go through generate.
 COPY_CACHE_REPETITION_PENALTY = 1.2
+FIT_TEXTS = {"unseen": "text no phase trained on", "phase2": "phase-2 training text"}  # copy_cache.fit_text as the card says it
 
 
 def generation_config_for(student, teacher) -> GenerationConfig | None:
@@ -187,7 +188,8 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
                f"e x its log-probability + g x log of its count so far) (fitted: {cache['seen_gate']}; the n-gram gate alone "
                f"{cache['nll_ngram_only']} nats/token). " if "seen_gate" in cache else "")
             + "It recalls verbatim repeats at any distance in constant memory; "
-            f"it cannot recall what is asked in other words. Gate fitted on {cache['fit_tokens']:,} training tokens: "
+            f"it cannot recall what is asked in other words. Gate fitted on {cache['fit_tokens']:,} tokens of "
+            f"{FIT_TEXTS.get(cache.get('fit_text', 'phase2'))}: "
             f"{cache['nll_before']} -> {cache['nll_after']} nats/token. Greedy decoding with the cache repeats itself, so "
             f"`generate` defaults to `repetition_penalty={COPY_CACHE_REPETITION_PENALTY}` (generation_config.json); "
             "`model.copy_cache = None` turns the cache off.",

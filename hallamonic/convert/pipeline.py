@@ -92,7 +92,8 @@ def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
 
 def _tokens_needed(recipe: Recipe, world: int, stream: str = "all") -> int:
     """Tokens a training stream must hold: ``"transfer"`` (phase 1 and its focus), ``"phase2"``
-    (phase 2, its refit and the copy cache's fit) or ``"all"`` (both, when they read the same source)."""
+    (phase 2, its refit and the copy cache's fit when that reads phase-2 text) or ``"all"`` (both, when
+    they read the same source). The copy cache's unseen fit text is its own stream, read past ``"transfer"``."""
     p1, p2 = recipe.phase1, recipe.phase2
 
     def read_by(phase) -> int:  # tokens its steps read across every process
@@ -102,7 +103,8 @@ def _tokens_needed(recipe: Recipe, world: int, stream: str = "all") -> int:
     needs = {
         "transfer": [phase1, p1.focus_pool * p1.seq_len * (p1.focus_steps > 0)],
         "phase2": [read_by(p2), p2.refit_pool * p1.seq_len * (p2.refit_steps > 0),
-                   recipe.copy_cache.fit_windows * recipe.copy_cache.fit_length * bool(recipe.copy_cache.orders)],
+                   recipe.copy_cache.fit_windows * recipe.copy_cache.fit_length
+                   * (bool(recipe.copy_cache.orders) and recipe.copy_cache.fit_text == "phase2")],
     }
     wanted = needs["transfer"] + needs["phase2"] if stream == "all" else needs[stream]
     longest = max(p1.seq_len, p2.seq_len)
@@ -119,7 +121,7 @@ def _phase1_tokens(recipe: Recipe, tokens):
     return tokens[: _pool_tokens(recipe)] if _pool_tokens(recipe) else tokens
 
 
-STREAM_CACHES = {"transfer": "tokens.npy", "phase2": "tokens-phase2.npy"}  # under training/, each with a .json sidecar
+STREAM_CACHES = {"transfer": "tokens.npy", "phase2": "tokens-phase2.npy", "copy_cache": "tokens-copy-cache.npy"}  # under training/, each with a .json sidecar
 
 
 def _stream_source(section, seed: int, tokenizer) -> dict:
@@ -145,9 +147,9 @@ def _load_streams(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool
 
     fresh: dict[str, dict] = {}
 
-    def load(stream: str, section, needed: int):
+    def load(stream: str, section, needed: int, skip: int = 0):
         cache = out / "training" / STREAM_CACHES[stream]
-        source = _stream_source(section, recipe.seed, tokenizer)
+        source = _stream_source(section, recipe.seed, tokenizer) | ({"after_tokens": skip} if skip else {})
         if resume and cache.is_file():
             tokens = np.load(cache, allow_pickle=False)
             sidecar = cache.with_suffix(".json")
@@ -159,17 +161,21 @@ def _load_streams(recipe: Recipe, tokenizer, out: Path, world: int, resume: bool
                 return tokens
             else:
                 notify(f"{cache.name}: holds {len(tokens):,} tokens, the recipe now needs {needed:,}; tokenizing again")
-        tokens = tokenize_stream(tokenizer, section, seed=recipe.seed, max_tokens=needed)
+        tokens = tokenize_stream(tokenizer, section, seed=recipe.seed, max_tokens=skip + needed)[skip:]
         fresh[stream] = {"source": source, "tokens": len(tokens), "exhausted": len(tokens) < needed}
         return tokens
 
     if recipe.phase2_source() is recipe.data:
         tokens = load("transfer", recipe.data, _tokens_needed(recipe, world))
-        return {"transfer": tokens, "phase2": tokens}, fresh
-    streams = {
-        "transfer": load("transfer", recipe.data, _tokens_needed(recipe, world, "transfer")),
-        "phase2": load("phase2", recipe.phase2_data, _tokens_needed(recipe, world, "phase2")),
-    }
+        streams = {"transfer": tokens, "phase2": tokens}
+    else:
+        streams = {
+            "transfer": load("transfer", recipe.data, _tokens_needed(recipe, world, "transfer")),
+            "phase2": load("phase2", recipe.phase2_data, _tokens_needed(recipe, world, "phase2")),
+        }
+    cache = recipe.copy_cache
+    if cache.orders and cache.fit_text == "unseen":  # `data` right after the transfer stream: no phase reads it
+        streams["copy_cache"] = load("copy_cache", recipe.data, cache.fit_windows * cache.fit_length, skip=len(streams["transfer"]))
     return streams, fresh
 
 
@@ -334,12 +340,11 @@ def convert(
     if "phase2" in phases and recipe.copy_cache.orders:
         attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets, recipe.copy_cache.seen)
         student.eval()
-        copy_cache = fit_copy_cache(
-            student, _copy_cache_windows(recipe, streams["phase2"]), steps=recipe.copy_cache.fit_steps,
-            lr=recipe.copy_cache.fit_lr, progress=accelerator.is_main_process,
-        )
+        windows, fit_text = _copy_cache_windows(recipe, streams, notify=accelerator.print)
+        copy_cache = fit_copy_cache(student, windows, steps=recipe.copy_cache.fit_steps, lr=recipe.copy_cache.fit_lr,
+                                    progress=accelerator.is_main_process) | {"fit_text": fit_text}
         accelerator.print(
-            f"copy cache (orders {copy_cache['orders']}): training-text NLL {copy_cache['nll_before']} -> "
+            f"copy cache (orders {copy_cache['orders']}): NLL on the fit text ({fit_text}) {copy_cache['nll_before']} -> "
             f"{copy_cache['nll_after']} nats/token on {copy_cache['fit_tokens']:,} tokens"
         )
 
@@ -367,12 +372,26 @@ def convert(
     return report
 
 
-def _copy_cache_windows(recipe: Recipe, stream) -> torch.Tensor:
-    """(W, L) windows of phase-2 training text for the copy cache's fit, drawn by the recipe's seed."""
-    length = min(recipe.copy_cache.fit_length, len(stream))
-    sequences = PackedBatches(stream, length, seed=recipe.seed, source="the phase-2 text").sequences
+def _copy_cache_windows(recipe: Recipe, streams: dict, notify=print) -> tuple[torch.Tensor, str]:
+    """(W, L) windows for the copy cache's fit, drawn by the recipe's seed, and which text they are:
+    ``"unseen"``, the text no phase read (``copy_cache.fit_text: unseen``), or ``"phase2"``.
+
+    Why unseen text: phase 2 and its refit have just trained on the phase-2 text, and a model predicts
+    a document it has seen better than a new one, so a gate fitted there learns that copying is worth
+    less than it is on new text (evals/results/smollm2-135m-induction-cache/fit_text_probe.py). A source
+    with too little text past the transfer stream falls back to the phase-2 text, said through notify."""
+    cache = recipe.copy_cache
+    stream, used, source = streams["phase2"], "phase2", "the phase-2 text"
+    if cache.fit_text == "unseen":
+        if len(streams["copy_cache"]) >= cache.fit_length:
+            stream, used, source = streams["copy_cache"], "unseen", "the unseen text"
+        else:
+            notify(f"note: copy_cache.fit_text unseen: `data` holds {len(streams['copy_cache']):,} tokens past what phase 1 "
+                   f"reads, fewer than one window of {cache.fit_length}; the copy cache is fitted on the phase-2 text instead")
+    length = min(cache.fit_length, len(stream))
+    sequences = PackedBatches(stream, length, seed=recipe.seed, source=source).sequences
     order = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(recipe.seed))
-    return sequences[order[: recipe.copy_cache.fit_windows]]
+    return sequences[order[: recipe.copy_cache.fit_windows]], used
 
 
 def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:

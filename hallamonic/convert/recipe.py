@@ -116,17 +116,21 @@ class Phase2Section(PhaseSection):
     compile: bool = False  # torch.compile the blocks phase 2 trains, in place for the phase (the first layer's stays eager)
 
 
+COPY_CACHE_FIT_TEXTS = ("phase2", "unseen")
+
+
 @dataclass
 class CopyCacheSection:
     """The copy cache (exact n-gram recall over token ids, ``hallamonic_copy_cache.py``), attached
-    after phase 2 with its gate fitted on phase-2 training text. Why: the blocks do not copy;
+    after phase 2 with its gate fitted on text no phase trained on. Why: the blocks do not copy;
     measured on SmolLM2 (evals/results/smollm2-135m-induction-cache) it brings passkey and
     verbatim copying back and lowers held-out bits; it cannot recall what is asked in other words."""
 
     orders: list = field(default_factory=list)  # n-gram orders ([] = no cache)
     buckets: int = 65536  # hash-table entries per order (state: 2 x orders x buckets int64 per sequence)
     seen: bool = False  # the context-word cue: every token already in the context raised by a gate on log p and its count (ignored without orders)
-    fit_windows: int = 48  # windows of phase-2 training text the gate is fitted on
+    fit_text: str = "unseen"  # what the gate is fitted on: "unseen" (`data` past what phase 1 read) or "phase2" (phase-2 training text)
+    fit_windows: int = 48  # windows of that text the gate is fitted on
     fit_length: int = 1024  # tokens per window
     fit_steps: int = 400  # Adam steps of the fit (4 numbers per order; seconds once the windows are scored)
     fit_lr: float = 0.05  # its learning rate
@@ -265,6 +269,8 @@ def _validate(recipe: Recipe) -> None:
             raise RecipeError(f"recipe key `copy_cache.fit_lr` must be > 0, got {cache.fit_lr!r}")
     if not isinstance(cache.seen, bool):
         raise RecipeError(f"recipe key `copy_cache.seen` must be true or false, got {cache.seen!r}")
+    if cache.fit_text not in COPY_CACHE_FIT_TEXTS:
+        raise RecipeError(f"recipe key `copy_cache.fit_text` must be one of {', '.join(COPY_CACHE_FIT_TEXTS)}, got {cache.fit_text!r}")
     lengths = recipe.eval.context_lengths
     if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
         raise RecipeError(f"recipe key `eval.context_lengths` must be positive integers, got {lengths!r}")

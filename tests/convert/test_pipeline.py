@@ -66,6 +66,8 @@ def test_export_is_a_complete_checkpoint(converted):
     assert "hallamonic_copy_cache.py" in names and config["copy_cache_orders"] == [1, 2, 3]
     assert report["copy_cache"]["nll_after"] <= report["copy_cache"]["nll_before"]
     assert "## Copy cache" in card and "repetition_penalty=1.2" in card
+    assert report["copy_cache"]["fit_text"] == "unseen" and "tokens of text no phase trained on" in card
+    assert (out / "training" / "tokens-copy-cache.npy").is_file()  # the fit's own stream, cached for --resume
     gate = load_file(out / "model.safetensors")["copy_cache.gate"]
     assert torch.allclose(gate, torch.tensor(report["copy_cache"]["gate"]), atol=1e-3)
     # and its context-word cue (copy_cache.seen), fitted after the n-gram gate, described in the card
@@ -485,8 +487,10 @@ def test_the_token_stream_covers_the_focus_and_refit_pools():
     assert pipeline._tokens_needed(focus, world=1) >= 400 * seq_len > plain
     unused = load_recipe("tiny", FAST + ["phase2.refit_pool=500"])  # no refit steps: its pool is not read
     assert pipeline._tokens_needed(unused, world=1) == plain
-    cache = load_recipe("tiny", FAST + ["copy_cache.fit_windows=300"])  # the copy cache's fit reads phase-2 text too
+    cache = load_recipe("tiny", FAST + ["copy_cache.fit_windows=300", "copy_cache.fit_text=phase2"])  # the fit reads phase-2 text too
     assert pipeline._tokens_needed(cache, world=1) >= 300 * cache.copy_cache.fit_length > plain
+    unseen = load_recipe("tiny", FAST + ["copy_cache.fit_windows=300", "copy_cache.fit_text=unseen"])  # its own stream past these
+    assert pipeline._tokens_needed(unseen, world=1) == plain
     no_cache = load_recipe("tiny", FAST + ["copy_cache.fit_windows=300", "copy_cache.orders=[]"])
     assert pipeline._tokens_needed(no_cache, world=1) <= plain
 
@@ -561,6 +565,48 @@ def test_a_text_file_with_nothing_held_out_says_so_and_probes_training_text(tmp_
     assert "held out" not in capsys.readouterr().out
 
 
+def test_the_copy_cache_can_fit_on_text_no_phase_read(tmp_path):
+    """copy_cache.fit_text unseen: the fit windows are `data` right after the transfer stream (what a
+    longer stream would hold there), cached for --resume; a source with nothing past the stream falls
+    back to the phase-2 text and says so."""
+    import numpy as np
+
+    from hallamonic.convert.data import tokenize_stream
+
+    tokenizer = pipeline.load_base_model("builtin:tiny-llama")[1]
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(f"Zebra quartz {i} vexed the jolly kingfisher." for i in range(3000)))
+    recipe = load_recipe("tiny", FAST + [f"data.path={text}", "copy_cache.fit_text=unseen", "copy_cache.fit_windows=3",
+                                         "copy_cache.fit_length=64"])
+    out = tmp_path / "out"
+    (out / "training").mkdir(parents=True)
+    notes = []
+    streams, fresh = pipeline._load_streams(recipe, tokenizer, out, 1, resume=True, notify=notes.append)
+    seen = len(streams["transfer"])
+    longer = tokenize_stream(tokenizer, recipe.data, seed=recipe.seed, max_tokens=seen + 3 * 64)
+    assert set(fresh) == {"transfer", "copy_cache"}
+    assert np.array_equal(streams["copy_cache"], longer[seen:]) and len(streams["copy_cache"]) == 3 * 64
+    windows, used = pipeline._copy_cache_windows(recipe, streams, notify=notes.append)  # (3, 64): all of it, shuffled
+    assert used == "unseen" and windows.shape == (3, 64) and sorted(windows.flatten().tolist()) == sorted(streams["copy_cache"].tolist())
+    pipeline._save_streams(streams, fresh, out)
+    again, fresh = pipeline._load_streams(recipe, tokenizer, out, 1, resume=True, notify=notes.append)
+    assert fresh == {} and np.array_equal(again["copy_cache"], streams["copy_cache"]) and notes == []
+    trained = streams["phase2"]  # fit_text phase2: windows cut from the text phase 2 trained on
+    chunks = {tuple(trained[k * 64 : (k + 1) * 64].tolist()) for k in range(len(trained) // 64)}
+    phase2_fit, used = pipeline._copy_cache_windows(
+        load_recipe("tiny", FAST + [f"data.path={text}", "copy_cache.fit_text=phase2", "copy_cache.fit_length=64"]), streams)
+    assert used == "phase2" and all(tuple(row) in chunks for row in phase2_fit.tolist())
+
+    short = tmp_path / "short.txt"  # all of it fits in the transfer stream: nothing unseen is left
+    short.write_text("\n\n".join(f"Otter basalt {i} calmed the weary heron." for i in range(40)))
+    small = load_recipe("tiny", FAST + [f"data.path={short}", "copy_cache.fit_text=unseen", "copy_cache.fit_windows=2",
+                                        "copy_cache.fit_length=16"])
+    streams, _ = pipeline._load_streams(small, tokenizer, tmp_path / "none", 1, resume=False, notify=notes.append)
+    assert len(streams["copy_cache"]) == 0
+    windows, used = pipeline._copy_cache_windows(small, streams, notify=notes.append)
+    assert used == "phase2" and windows.shape == (2, 16) and "fitted on the phase-2 text instead" in notes[-1]
+
+
 def test_resume_tokenizes_again_when_the_text_or_the_length_it_needs_changed(tmp_path):
     """The token caches carry what they were made from: --resume reads one only for the same source
     and when it holds what the recipe now needs, and says why when it tokenizes again. A cache with
@@ -570,7 +616,8 @@ def test_resume_tokenizes_again_when_the_text_or_the_length_it_needs_changed(tmp
     tokenizer = pipeline.load_base_model("builtin:tiny-llama")[1]
     text = tmp_path / "text.txt"
     text.write_text("\n\n".join(f"Zebra quartz {i} vexed the jolly kingfisher." for i in range(3000)))
-    recipe = load_recipe("tiny", FAST + [f"data.path={text}"])
+    fit_on_phase2 = "copy_cache.fit_text=phase2"  # no third stream: this test is about the two training streams
+    recipe = load_recipe("tiny", FAST + [f"data.path={text}", fit_on_phase2])
     out = tmp_path / "out"
     (out / "training").mkdir(parents=True)
     notes = []
@@ -587,7 +634,7 @@ def test_resume_tokenizes_again_when_the_text_or_the_length_it_needs_changed(tmp
     again, fresh = load(recipe)  # same source, same length: read back
     assert fresh == {} and notes == [] and np.array_equal(again, first)
 
-    longer = load_recipe("tiny", FAST + [f"data.path={text}", "phase1.steps=40"])
+    longer = load_recipe("tiny", FAST + [f"data.path={text}", "phase1.steps=40", fit_on_phase2])
     extended, fresh = load(longer)  # more steps than the cache holds
     assert set(fresh) == {"transfer"} and "the recipe now needs" in notes[-1]
     assert len(extended) > len(first) and np.array_equal(extended[: len(first)], first)
