@@ -75,6 +75,8 @@
 #     (cp -r outputs/smollm2-seed4 outputs/smollm2-seed4-unseen; hallamonic convert outputs/smollm2-seed4-unseen/training/recipe.yaml
 #     -o outputs/smollm2-seed4-unseen --resume --set copy_cache.fit_text=unseen), then
 #     NAME=converted-seed4-unseen bash evals/smollm2_selective.sh outputs/smollm2-seed4-unseen evals/results/smollm2-135m-hallamonic-seed4-unseen
+#     and the seed-3 run the same way (from outputs/smollm2-seed3-seen to outputs/smollm2-seed3-unseen):
+#     NAME=converted-seed3-unseen bash evals/smollm2_selective.sh outputs/smollm2-seed3-unseen evals/results/smollm2-135m-hallamonic-seed3-unseen
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
