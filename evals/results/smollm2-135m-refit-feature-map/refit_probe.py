@@ -15,6 +15,10 @@ per token at 1,024 (every window). The transfer error is measured on the pipelin
 as the recipe's report does.
 
 Usage: python refit_probe.py CONVERTED_DIR [--layer 23] [--feature-map hedgehog] [--steps 1500]
+           [--hedgehog-dims M] [--pool data|phase2]
+--hedgehog-dims M (a multiple of head_dim) widens Hedgehog's map to W: (M, N) per head, 2M features:
+the first N rows keep the focus-trained W, the rest start as random rotations (seeded). --pool phase2
+cuts the refit's sequences from the run's phase-2 text, as the pipeline's refit does.
 Appends one line to results.jsonl beside this file.
 """
 
@@ -29,12 +33,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from hallamonic.convert.phases import attention_transfer_errors, blocks_in, capture_attention_io
 from hallamonic.convert.pipeline import _transfer_probe
 from hallamonic.convert.recipe import load_recipe
 from hallamonic.evaluation.runner import EvalOptions, evaluate_model, load_inputs
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
+from hallamonic.modeling.modeling_hallamonic import HedgehogFeatureMap
 from hallamonic.training.recipe import PhaseSection
 from hallamonic.training.trainer import learning_rate
 
@@ -57,6 +63,27 @@ def rebuilt_block(student, layer: int, feature_map: str, weights: dict[str, torc
     missing, unexpected = block.load_state_dict(weights, strict=False)
     assert not unexpected and all("features" in k for k in missing), (missing, unexpected)
     return block.float()
+
+
+class WideHedgehog(HedgehogFeatureMap):
+    """Hedgehog's map with M >= N projected dims: W (h, M, N), 2M features. Rows [:N] take the given
+    (trained) W; each further block of N rows starts as a random rotation, so the extra features
+    peak along other directions of the query / key."""
+
+    def __init__(self, trained: torch.Tensor, dims: int, seed: int = 0):
+        nn.Module.__init__(self)
+        heads, size, _ = trained.shape
+        g = torch.Generator().manual_seed(seed)
+        extra = [torch.linalg.qr(torch.randn(size, size, generator=g))[0] for _ in range(dims // size - 1)]
+        rows = torch.cat([trained] + [q.expand(heads, size, size) for q in extra], dim=1)  # (h, M, N)
+        self.weight = nn.Parameter(rows.contiguous())
+
+
+def widen(block, dims: int) -> None:
+    """Swap the block's Hedgehog maps for WideHedgehog ones with ``dims`` projected dims."""
+    block.write_features = WideHedgehog(block.write_features.weight.detach(), dims)
+    block.read_features = WideHedgehog(block.read_features.weight.detach(), dims)
+    block.features = 2 * dims
 
 
 def capture_pool(hybrid, seqs: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +126,8 @@ def main() -> None:
     parser.add_argument("--feature-map", default="hedgehog", choices=["identity", "hedgehog"])
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--hedgehog-dims", type=int, default=None)
+    parser.add_argument("--pool", choices=["data", "phase2"], default="data")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -107,10 +136,13 @@ def main() -> None:
     student, _ = load_causal_lm(str(args.converted))
     student.requires_grad_(False)
     tokens = np.load(args.converted / "training/tokens.npy")
-    seqs = torch.from_numpy(tokens[: POOL * SEQ].astype(np.int64)).view(POOL, SEQ)
+    pool_tokens = np.load(args.converted / "training/tokens-phase2.npy") if args.pool == "phase2" else tokens
+    seqs = torch.from_numpy(pool_tokens[: POOL * SEQ].astype(np.int64)).view(POOL, SEQ)
     recipe = load_recipe("smollm2-135m", [f"base.model={smollm2_gguf_path()}", f"data.path={SHARED / 'fineweb_train.jsonl'}"])
     held, _ = _transfer_probe(recipe, tokens, tokenizer)  # the pipeline's held-out probe (2 x 512 tokens)
     block = rebuilt_block(student, args.layer, args.feature_map, focus_weights(args.converted, args.layer))
+    if args.hedgehog_dims:
+        widen(block, args.hedgehog_dims)
     student.model.layers[args.layer].mixer = block
     others = [i for i in range(len(student.model.layers)) if i != args.layer]
     start = time.time()
@@ -134,6 +166,7 @@ def main() -> None:
             scores[task] = evaluate_model(student, tokenizer, options, load_inputs(options))
     row = {
         "converted": str(args.converted), "layer": args.layer, "feature_map": args.feature_map,
+        "hedgehog_dims": args.hedgehog_dims, "pool": args.pool,
         "steps": args.steps, "lr": args.lr, "refit_seconds": round(fit_seconds, 1),
         "error_before": round(before, 4), "error_after": round(after, 4),
         "train_loss_last100": round(float(np.mean(losses[-100:])), 4),
