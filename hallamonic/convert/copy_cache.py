@@ -18,6 +18,10 @@ other tokens give the loss exactly (``seen_cached_nll``). The n-gram gate is fit
 without it, then both together by L-BFGS (4 x orders + 4 numbers; an Adam step over the slots
 costs ~1 s here).
 
+With the word-continuation term (``continuation``: a fifth gate column per order, + w_n when the
+copied token continues a word) the statistics also keep, per prediction, whether its token does
+(a table over the vocabulary from the tokenizer, ``word_continuation_table``); the fit is the same.
+
 Attached after phase 2, not before: a cache present while the blocks train would cost every
 phase-2 step a full-vocabulary entropy, and its gate starts closed anyway.
 """
@@ -35,7 +39,7 @@ from hallamonic.modeling.modeling_hallamonic import CopyCacheHead, HallamonicFor
 # The fit starts every order at a boost of softplus(-2) = 0.13 nats, not at the closed gate the
 # model is built with: there softplus's slope is 5e-5 and the fit stopped short (SmolLM2, the recipe's 48 windows:
 # 3.2410 nats/token from the closed gate, 3.2393 from here, long orders then open where the model is sure).
-FIT_START = (-2.0, 0.0, 0.0, 0.0)
+FIT_START = (-2.0, 0.0, 0.0, 0.0, 0.0)  # a_n, b_n, f_n, o_n (and w_n with the continuation term)
 SEEN_FIT_START = (-4.0, 0.0, 0.0, 0.0)  # the context-word cue's start: softplus(-4) = 0.018 nats
 
 
@@ -56,14 +60,38 @@ def _fit_lbfgs(loss_fn, params, iterations: int = 60) -> float:
         return float(loss_fn())
 
 
-def attach_copy_cache(model: HallamonicForCausalLM, orders: list[int], buckets: int, seen: bool = False) -> CopyCacheHead:
-    """Add a closed copy cache (gate at its init; with ``seen``, the context-word cue too) to
-    `model` and record it in the config."""
+def word_continuation_table(tokenizer, vocab_size: int) -> torch.Tensor:
+    """(V,) bool: token v, written right after a letter, starts with a letter (no space, digit or
+    punctuation first): it continues the word before it. Digits are left out: the digit after a digit
+    is a number's, and an earlier number says little about it (the passkey's digits, copied by
+    longer orders, are not helped by trusting order 1 more). Decoding each token after a fixed letter
+    works for byte-level BPE and SentencePiece alike (SentencePiece drops a lone token's leading
+    space, so decoding v alone would not tell). Ids past the tokenizer's length stay False."""
+    anchor = tokenizer.encode("a", add_special_tokens=False)[-1]
+    width = len(tokenizer.decode([anchor]))
+    table = torch.zeros(vocab_size, dtype=torch.bool)
+    for token in range(min(vocab_size, len(tokenizer))):
+        text = tokenizer.decode([anchor, token])[width:]
+        table[token] = bool(text) and text[0].isalpha()
+    return table
+
+
+def attach_copy_cache(
+    model: HallamonicForCausalLM, orders: list[int], buckets: int, seen: bool = False, continues_word: torch.Tensor | None = None
+) -> CopyCacheHead:
+    """Add a closed copy cache (gate at its init; with ``seen``, the context-word cue too; with
+    ``continues_word`` (V,) bool, the word-continuation term) to `model` and record it in the config."""
     model.config.copy_cache_orders, model.config.copy_cache_buckets = list(orders), buckets
     model.config.copy_cache_seen = seen
+    model.config.copy_cache_continuation = continues_word is not None
     model.config._validate_hallamonic()
     device = model.lm_head.weight.device
-    model.copy_cache = CopyCacheHead(list(orders), seen).to(device)
+    vocab = model.config.vocab_size if continues_word is not None else None
+    model.copy_cache = CopyCacheHead(list(orders), seen, vocab).to(device)
+    if continues_word is not None:
+        if continues_word.shape != (vocab,):
+            raise ValueError(f"attach_copy_cache: `continues_word` must have one entry per vocabulary id ({vocab}), got {tuple(continues_word.shape)}")
+        model.copy_cache.continues_word.copy_(continues_word.to(device))
     return model.copy_cache
 
 
@@ -71,11 +99,12 @@ def attach_copy_cache(model: HallamonicForCausalLM, orders: list[int], buckets: 
 def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, progress: bool = True) -> dict:
     """What the gate's fit needs, per scored position of windows (W, L): the model's logits
     without the cache reduced to logsumexp, entropy, target logit and the K predicted tokens'
-    logits, which predictions exist, agree with each other, are overruled by a longer order and hit
-    the target."""
-    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "overruled", "hit")
+    logits, which predictions exist, agree with each other, are overruled by a longer order, hit
+    the target and (with the continuation term) continue a word."""
+    keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "overruled", "hit", "continues")
     slot_keys = ("slot_logit", "slot_count", "lse_unseen", "pred_slot", "target_slot")
     seen = model.copy_cache.seen_gate is not None
+    continuation = getattr(model.copy_cache, "continues_word", None) is not None  # (heads before the term lack it)
     parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys + (slot_keys if seen else ())}
     device = model.lm_head.weight.device
     for ids in tqdm(windows, desc="copy cache statistics", unit="window", disable=not progress):
@@ -93,9 +122,12 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
         parts["same"].append((preds[:, :, None] == preds[:, None, :]) & valid[:, :, None] & valid[:, None, :])
         parts["overruled"].append(model.copy_cache.overruled(preds))
         parts["hit"].append((preds == target[:, None]) & valid)
+        continues = model.copy_cache.continuation(preds) if continuation else None  # (L-1, K)
+        if continues is not None:
+            parts["continues"].append(continues)
         if seen:
             _slot_statistics(parts, logits, model.copy_cache_counts(ids[:, :-1])[0], ids[0], preds)
-    stats = {key: torch.cat(value).cpu() for key, value in parts.items() if not key.startswith("slot_")}
+    stats = {key: torch.cat(value).cpu() for key, value in parts.items() if value and not key.startswith("slot_")}
     if seen:  # windows hold different numbers of distinct tokens: pad the slots
         width = max(part.shape[1] for part in parts["slot_logit"])
         pad = lambda part, value: torch.nn.functional.pad(part, (0, width - part.shape[1]), value=value)  # noqa: E731
@@ -123,7 +155,7 @@ def cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     """Mean next-token NLL (nats) of the model with `head` on the statistics' positions; exact
     (equal to scoring the cached model's logits), differentiable in the gate."""
     log_p = stats["pred_logit"] - stats["lse"][:, None]  # (P, K): the model's log p of each predicted token
-    boosts = head.boosts(stats["entropy"], log_p, stats["overruled"]) * stats["valid"]  # (P, K)
+    boosts = head.boosts(stats["entropy"], log_p, stats["overruled"], stats.get("continues")) * stats["valid"]  # (P, K)
     same = stats["same"].float()  # (P, K, K)
     total = (same @ boosts[:, :, None])[..., 0]  # (P, K): each predicted token's boost, agreeing orders summed
     once = stats["valid"].float() / same.sum(-1).clamp(min=1)  # a token several orders predict counts once
@@ -136,7 +168,8 @@ def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     """Mean next-token NLL (nats) of the model with `head`, context-word cue included, from the
     slot statistics; exact, differentiable in both gates."""
     log_p = stats["slot_logit"] - stats["lse"][:, None]  # (P, S)
-    boosts = head.boosts(stats["entropy"], log_p.gather(-1, stats["pred_slot"]), stats["overruled"]) * stats["valid"]
+    boosts = head.boosts(stats["entropy"], log_p.gather(-1, stats["pred_slot"]), stats["overruled"], stats.get("continues"))
+    boosts = boosts * stats["valid"]
     z = stats["slot_logit"].scatter_add(-1, stats["pred_slot"], boosts)  # (P, S): agreeing orders add up
     z = z + head.seen_boosts(stats["entropy"], log_p, stats["slot_count"])
     active = stats["slot_count"] > 0  # seen so far
@@ -144,6 +177,39 @@ def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     slot = stats["target_slot"]
     target = torch.where(slot >= 0, z.gather(-1, slot.clamp(min=0)[:, None])[:, 0], stats["target"])
     return (lse - target).mean()
+
+
+def fit_gate(stats: dict, orders: list[int], *, seen: bool, continuation: bool, steps: int = 400, lr: float = 0.05) -> tuple[CopyCacheHead, dict]:
+    """Fit a fresh head's gates on `stats` (``copy_cache_statistics``): the n-gram gate by Adam from
+    FIT_START, then with the context-word cue both by L-BFGS. ``continuation`` needs the statistics'
+    "continues". Returns the head (its table left empty: only its gates are the fit's) and a report."""
+    head = CopyCacheHead(orders, seen, 1 if continuation else None)  # a placeholder table: the stats hold what it says
+    if continuation and "continues" not in stats:
+        raise ValueError("fit_gate: the continuation term needs statistics taken with the word-continuation table")
+    if not continuation:
+        stats = {key: value for key, value in stats.items() if key != "continues"}
+    with torch.no_grad():
+        head.gate.copy_(torch.tensor([FIT_START[: head.gate.shape[1]]] * len(orders)))
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = cached_nll(stats, head)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        after = float(cached_nll(stats, head))
+    report = {}
+    if seen:  # the context-word cue, with the n-gram gate, from where that stopped
+        ngram_only = after
+        with torch.no_grad():
+            head.seen_gate.copy_(torch.tensor(SEEN_FIT_START))
+        after = _fit_lbfgs(lambda: seen_cached_nll(stats, head), head.parameters())
+        report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g
+    return head, report | {
+        "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n, f_n, o_n (, w_n)
+        "nll_before": round(float((stats["lse"] - stats["target"]).mean()), 4),
+        "nll_after": round(after, 4),
+    }
 
 
 def fit_copy_cache(
@@ -154,37 +220,17 @@ def fit_copy_cache(
         raise ValueError("fit_copy_cache: the model has no copy cache; call attach_copy_cache first")
     began = time.perf_counter()
     stats = copy_cache_statistics(model, windows, progress=progress)
-    head = CopyCacheHead(model.config.copy_cache_orders, seen=model.copy_cache.seen_gate is not None)
-    with torch.no_grad():
-        head.gate.copy_(torch.tensor([FIT_START] * len(model.config.copy_cache_orders)))
-        before = float((stats["lse"] - stats["target"]).mean())
-    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = cached_nll(stats, head)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    with torch.no_grad():
-        after = float(cached_nll(stats, head))
-    report = {}
-    if head.seen_gate is not None:  # the context-word cue, with the n-gram gate, from where that stopped
-        ngram_only = after
-        with torch.no_grad():
-            head.seen_gate.copy_(torch.tensor(SEEN_FIT_START))
-        after = _fit_lbfgs(lambda: seen_cached_nll(stats, head), head.parameters())
-        with torch.no_grad():
-            model.copy_cache.seen_gate.copy_(head.seen_gate.to(model.copy_cache.seen_gate))
-        report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g
+    seen = model.copy_cache.seen_gate is not None
+    continuation = getattr(model.copy_cache, "continues_word", None) is not None
+    head, report = fit_gate(stats, model.config.copy_cache_orders, seen=seen, continuation=continuation, steps=steps, lr=lr)
     with torch.no_grad():
         model.copy_cache.gate.copy_(head.gate.to(model.copy_cache.gate))
+        if seen:
+            model.copy_cache.seen_gate.copy_(head.seen_gate.to(model.copy_cache.seen_gate))
     return report | {
         "orders": list(model.config.copy_cache_orders),
         "buckets": model.config.copy_cache_buckets,
-        "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n, f_n, o_n
         "fit_tokens": int(stats["lse"].numel()),
-        "nll_before": round(before, 4),
-        "nll_after": round(after, 4),
         "matched_share": round(float(stats["valid"].any(-1).float().mean()), 4),  # positions with any prediction
         "seconds": round(time.perf_counter() - began, 1),
     }
-

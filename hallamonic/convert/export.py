@@ -183,7 +183,9 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
             f"On top of the LM head, exact n-gram recall over token ids (orders {cache['orders']}, {cache['buckets']:,} hash "
             "buckets each): the token that followed the last earlier occurrence of the current n tokens gets its logit raised "
             "by softplus(a_n + b_n x the model's entropy + f_n x the model's log-probability of that token + o_n where a "
-            "longer order predicts another token). "
+            "longer order predicts another token"
+            + (" + w_n where that token continues a word, e.g. \"ou\" after \" Kar\"" if len(cache["gate"][0]) > 4 else "")
+            + "). "
             + ("With the context-word cue, every token already in the context is raised too, by softplus(c + d x entropy + "
                f"e x its log-probability + g x log of its count so far) (fitted: {cache['seen_gate']}; the n-gram gate alone "
                f"{cache['nll_ngram_only']} nats/token). " if "seen_gate" in cache else "")

@@ -100,6 +100,10 @@ class HallamonicConfig(PreTrainedConfig):
         copy_cache_seen: the copy cache's context-word cue: every token already in the sequence gets
             its logit raised by softplus(c + d H + e log p + g log count), so a word the context holds
             can win where no n-gram leads to it (LAMBADA). Its state: one count per vocabulary entry.
+        copy_cache_continuation: each order's gate also reads whether the copied token continues a
+            word (a fifth gate column and a (V,) table from the tokenizer, saved with the weights): a
+            name's second piece copied after its first is trusted more than an order-1 copy after a
+            whole word.
         base_model_name_or_path: the teacher this model was converted from (for evaluations).
     """
 
@@ -142,6 +146,7 @@ class HallamonicConfig(PreTrainedConfig):
         copy_cache_orders: list[int] | None = None,
         copy_cache_buckets: int = 65536,
         copy_cache_seen: bool = False,
+        copy_cache_continuation: bool = False,
         base_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
         use_cache: bool = True,
@@ -185,6 +190,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.copy_cache_orders = list(copy_cache_orders) if copy_cache_orders else []
         self.copy_cache_buckets = copy_cache_buckets
         self.copy_cache_seen = copy_cache_seen
+        self.copy_cache_continuation = copy_cache_continuation
         self.base_model_name_or_path = base_model_name_or_path
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache
@@ -278,8 +284,10 @@ class HallamonicConfig(PreTrainedConfig):
             raise ValueError(f"HallamonicConfig: `copy_cache_orders` must list distinct positive n-gram orders, got {orders!r}")
         if orders:
             positive_int("copy_cache_buckets")
-        if not isinstance(self.copy_cache_seen, bool) or (self.copy_cache_seen and not orders):
-            raise ValueError(f"HallamonicConfig: `copy_cache_seen` must be a bool, true only with `copy_cache_orders`, got {self.copy_cache_seen!r}")
+        for name in ("copy_cache_seen", "copy_cache_continuation"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) or (value and not orders):
+                raise ValueError(f"HallamonicConfig: `{name}` must be a bool, true only with `copy_cache_orders`, got {value!r}")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if self.per_layer_bands and len(self.timescale_bands) != self.num_hidden_layers:

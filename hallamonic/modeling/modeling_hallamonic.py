@@ -47,6 +47,8 @@ order contradicts it (``CopyCacheHead``;
 tables in ``hallamonic_copy_cache.py``, carried in the generation cache). The blocks do not copy verbatim; this recalls exact repeats at any distance.
 With ``copy_cache_seen`` it also raises every token already in the context, by a gate on the
 model's log-probability of it and its count so far (one count per vocabulary entry carried).
+With ``copy_cache_continuation`` each order's gate also reads whether the copied token continues a
+word (a table over the vocabulary, built from the tokenizer at conversion and saved with the weights).
 
 Cost is O(L) time and memory per layer in training and O(1) per generated token: generation keeps
 one (batch, levels [+ conv taps - 1], channels [, N]) fp32 state per layer in a linear-attention cache
@@ -664,7 +666,7 @@ class HallamonicPreTrainedModel(PreTrainedModel):
         elif isinstance(module, HallamonicRMSNorm):
             init.ones_(module.weight)
         elif isinstance(module, CopyCacheHead):
-            init.copy_(module.gate, torch.tensor([COPY_CACHE_GATE_INIT] * module.gate.shape[0]))
+            init.copy_(module.gate, torch.tensor([COPY_CACHE_GATE_INIT[: module.gate.shape[1]]] * module.gate.shape[0]))
             if module.seen_gate is not None:
                 init.copy_(module.seen_gate, torch.tensor(COPY_CACHE_SEEN_INIT))
 
@@ -774,7 +776,7 @@ class HallamonicModel(HallamonicPreTrainedModel):
 # --------------------------------------------------------------------------------------------
 # Copy cache (optional): exact n-gram recall over token ids on top of the LM head
 # --------------------------------------------------------------------------------------------
-COPY_CACHE_GATE_INIT = (-10.0, 0.0, 0.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
+COPY_CACHE_GATE_INIT = (-10.0, 0.0, 0.0, 0.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
 COPY_CACHE_LOGP_FLOOR = -30.0  # log p below this reads as this: no boost grows without bound
 COPY_CACHE_SEEN_INIT = (-10.0, 0.0, 0.0, 0.0)  # the context-word cue (c, d, e, g): off until fitted
 
@@ -794,14 +796,28 @@ class CopyCacheHead(nn.Module):
     matching context contradicts (after "... is", order 1 recalls " the" where orders 2-4 recall
     the pass key's first digit) is raised less, o_n -> -inf dropping it
     (evals/results/smollm2-135m-induction-cache). ``gate`` (orders, 4) holds (a_n, b_n, f_n, o_n);
-    a conversion fits it on its training text."""
+    a conversion fits it on text no phase trained on.
 
-    def __init__(self, orders: list[int], seen: bool = False):
+    With ``vocab_size`` (``copy_cache_continuation``) the gate has a fifth column, + w_n [v_n
+    continues a word]: after a word's first piece (" Kar") its earlier spelling ("ou") is the best
+    guess, where an order-1 copy after a whole word (" the") is not; ``continues_word`` (V,) says
+    which tokens continue a word (built from the tokenizer by the conversion, saved as a weight)."""
+
+    def __init__(self, orders: list[int], seen: bool = False, vocab_size: int | None = None):
         super().__init__()
-        self.orders = list(orders)  # no buffer: nothing for loading on the meta device to leave uninitialised
-        self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT] * len(orders)))  # (K, 4)
+        self.orders = list(orders)  # a list, not a buffer: nothing for loading on the meta device to leave uninitialised
+        columns = len(COPY_CACHE_GATE_INIT) if vocab_size else len(COPY_CACHE_GATE_INIT) - 1
+        self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT[:columns]] * len(orders)))  # (K, 4 or 5)
         # The context-word cue (``copy_cache_seen``): (c, d, e, g), see ``seen_boosts``.
         self.seen_gate = nn.Parameter(torch.tensor(COPY_CACHE_SEEN_INIT)) if seen else None  # (4,)
+        # Saved with the weights (a checkpoint always holds it), so loading fills it.
+        self.register_buffer("continues_word", torch.zeros(vocab_size, dtype=torch.bool) if vocab_size else None)  # (V,)
+
+    def continuation(self, predictions: torch.Tensor) -> torch.Tensor | None:
+        """(..., K) float: 1 where the predicted token continues a word (None without the table)."""
+        if self.continues_word is None:
+            return None
+        return (self.continues_word[predictions.clamp(min=0)] & (predictions >= 0)).float()
 
     @staticmethod
     def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -817,12 +833,18 @@ class CopyCacheHead(nn.Module):
         differ = predictions[..., :, None] != predictions[..., None, :]  # (..., K, K): [k, j]
         return valid & (differ & valid[..., None, :] & longer).any(-1)
 
-    def boosts(self, entropy: torch.Tensor, log_p: torch.Tensor, overruled: torch.Tensor) -> torch.Tensor:
+    def boosts(
+        self, entropy: torch.Tensor, log_p: torch.Tensor, overruled: torch.Tensor, continues: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(..., K) per-order boosts at positions whose entropy is (...), whose log-probabilities
-        of the K predicted tokens are (..., K) and whose overruled orders are (..., K)."""
-        a, b, f, o = self.gate.unbind(-1)  # (K,) each
+        of the K predicted tokens are (..., K), whose overruled orders are (..., K) and, with the
+        fifth gate column, whose predicted tokens continue a word (..., K) (``continuation``)."""
+        a, b, f, o = self.gate[:, :4].unbind(-1)  # (K,) each
         log_p = log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
-        return F.softplus(a + b * entropy[..., None].float() + f * log_p + o * overruled.float())
+        x = a + b * entropy[..., None].float() + f * log_p + o * overruled.float()
+        if self.gate.shape[1] > 4:
+            x = x + self.gate[:, 4] * continues
+        return F.softplus(x)
 
     def seen_boosts(self, entropy: torch.Tensor, log_p: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """(..., S) boosts of tokens already in the context, at positions whose entropy is (...), for
@@ -845,7 +867,8 @@ class CopyCacheHead(nn.Module):
         log_p = torch.log_softmax(logits, dim=-1)  # (B, S, V)
         entropy = -(log_p.exp() * log_p).sum(-1)  # (B, S)
         tokens = predictions.clamp(min=0)  # (B, S, K)
-        boost = self.boosts(entropy, log_p.gather(-1, tokens), self.overruled(predictions)) * (predictions >= 0)
+        boost = self.boosts(entropy, log_p.gather(-1, tokens), self.overruled(predictions), self.continuation(predictions))
+        boost = boost * (predictions >= 0)
         out = logits.scatter_add(-1, tokens, boost)  # orders agreeing on a token add up
         if self.seen_gate is not None:
             if counts is None:
@@ -897,7 +920,11 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         self.model = HallamonicModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.copy_cache = CopyCacheHead(config.copy_cache_orders, config.copy_cache_seen) if config.copy_cache_orders else None
+        self.copy_cache = (
+            CopyCacheHead(config.copy_cache_orders, config.copy_cache_seen, config.vocab_size if config.copy_cache_continuation else None)
+            if config.copy_cache_orders
+            else None
+        )
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:

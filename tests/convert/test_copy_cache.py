@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hallamonic.convert.copy_cache import attach_copy_cache, cached_nll, copy_cache_statistics, fit_copy_cache, seen_cached_nll
+from hallamonic.convert.copy_cache import (
+    attach_copy_cache,
+    cached_nll,
+    copy_cache_statistics,
+    fit_copy_cache,
+    seen_cached_nll,
+    word_continuation_table,
+)
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
 
 
@@ -100,15 +107,86 @@ def test_fit_opens_the_gate_where_copying_pays_and_lowers_the_loss():
         torch.testing.assert_close(model(fresh).logits, plain_logits)
 
 
-@pytest.mark.parametrize("seen", [False, True], ids=["ngram", "context-words"])
-def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path, seen):
+ODD_CONTINUES = torch.arange(40) % 2 == 1  # a made-up vocabulary: odd ids continue a word
+
+
+def test_the_continuation_term_raises_only_tokens_that_continue_a_word_and_the_fit_loss_stays_exact():
+    """The fifth gate column adds w_n where the copied token continues a word (the table's ids),
+    nothing elsewhere; the fit's loss (both stages) is still the cached model's own loss."""
     model = tiny_model()
-    attach_copy_cache(model, [1, 2], 128, seen=seen)
+    attach_copy_cache(model, [1, 3], 64, seen=True, continues_word=ODD_CONTINUES)
+    gate = torch.tensor([[0.5, 0.3, -0.4, -1.5, 0.0], [1.5, -0.1, 0.2, 0.0, 0.0]])
+    windows = torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))])
+    with torch.no_grad():
+        model.copy_cache.gate.copy_(gate)
+        model.copy_cache.seen_gate.copy_(torch.tensor([0.3, 0.2, 0.4, 0.6]))
+        before = model(windows).logits
+        model.copy_cache.gate[:, 4] = 2.0
+        after = model(windows).logits
+    preds = model.copy_cache_predictions(windows)  # (W, L, K)
+    raised = ((preds >= 0) & ODD_CONTINUES[preds.clamp(min=0)]).any(-1)  # (W, L): some order copies an odd id
+    changed = (after - before).abs().amax(-1) > 1e-6
+    assert raised.any() and (~raised).any() and torch.equal(changed, raised)
+    stats = copy_cache_statistics(model, windows, progress=False)
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(after[:, :-1].double().reshape(-1, 40), windows[:, 1:].reshape(-1))
+        assert abs(float(seen_cached_nll(stats, model.copy_cache)) - float(want)) < 1e-5
+        model.copy_cache.seen_gate.fill_(-30.0)
+        ngram = torch.nn.functional.cross_entropy(model(windows).logits[:, :-1].double().reshape(-1, 40), windows[:, 1:].reshape(-1))
+        assert abs(float(cached_nll(stats, model.copy_cache)) - float(ngram)) < 1e-5
+
+
+def test_the_continuation_fit_trusts_copies_that_continue_a_word():
+    """Windows where a word-continuing id always follows the same id (a name spelled the same each
+    time) and other ids are followed by noise: the fit gives the continuation term a positive w and
+    beats the fit without it."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(6):
+        row = []
+        for _ in range(40):
+            start = int(torch.randint(0, 20, (1,), generator=gen)) * 2  # an even id: a word's first piece
+            row += [start, start + 1] if start < 10 else [start, int(torch.randint(0, 20, (1,), generator=gen)) * 2]
+        rows.append(torch.tensor(row))
+    windows = torch.stack(rows)  # (6, 80)
+    plain, cont = tiny_model(), tiny_model()
+    attach_copy_cache(plain, [1], 64)
+    attach_copy_cache(cont, [1], 64, continues_word=ODD_CONTINUES)
+    without = fit_copy_cache(plain, windows, steps=200, progress=False)
+    with_term = fit_copy_cache(cont, windows, steps=200, progress=False)
+    assert with_term["gate"][0][4] > 1.0 and len(without["gate"][0]) == 4
+    assert with_term["nll_after"] < without["nll_after"] - 0.05
+
+
+def test_the_word_continuation_table_reads_the_tokenizer():
+    """Pieces that continue a word (no space, a letter first) and the rest (digits too), for a byte-level
+    BPE tokenizer (GPT-2 style, as SmolLM2's) built here from a tiny vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"a": 0, "Ġthe": 1, "ou": 2, "ĠKar": 3, ".": 4, "7": 5, "Ġ": 6, "ell": 7, "Ċ": 8, "'s": 9}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core)
+    table = word_continuation_table(tokenizer, 12)
+    assert table.tolist() == [True, False, True, False, False, False, False, True, False, False, False, False]
+
+
+@pytest.mark.parametrize("seen, continuation", [(False, False), (True, False), (True, True)], ids=["ngram", "context-words", "continuation"])
+def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path, seen, continuation):
+    model = tiny_model()
+    attach_copy_cache(model, [1, 2], 128, seen=seen, continues_word=ODD_CONTINUES if continuation else None)
     fit_copy_cache(model, repeating_windows(2, 48), steps=20, progress=False)
+    if continuation:
+        with torch.no_grad():
+            model.copy_cache.gate[:, 4] = 1.5  # a term the reload must not lose
     model.save_pretrained(tmp_path)
     again = HallamonicForCausalLM.from_pretrained(tmp_path).eval()
     assert again.config.copy_cache_orders == [1, 2] and again.config.copy_cache_buckets == 128
-    assert again.config.copy_cache_seen is seen
+    assert again.config.copy_cache_seen is seen and again.config.copy_cache_continuation is continuation
+    if continuation:
+        assert torch.equal(again.copy_cache.continues_word, ODD_CONTINUES)
     ids = repeating_windows(1, 40, seed=3)
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, model(ids).logits)
@@ -120,6 +198,10 @@ def test_bad_orders_and_missing_ids_are_refused():
         attach_copy_cache(model, [2, 2], 64)
     with pytest.raises(ValueError, match="copy_cache_seen"):
         attach_copy_cache(tiny_model(), [], 64, seen=True)
+    with pytest.raises(ValueError, match="copy_cache_continuation"):
+        attach_copy_cache(tiny_model(), [], 64, continues_word=ODD_CONTINUES)
+    with pytest.raises(ValueError, match="one entry per vocabulary id"):
+        attach_copy_cache(tiny_model(), [1], 64, continues_word=ODD_CONTINUES[:10])
     with pytest.raises(ValueError, match="no copy cache"):
         fit_copy_cache(tiny_model(), repeating_windows(1, 24), progress=False)
     attach_copy_cache(model, [1], 64)

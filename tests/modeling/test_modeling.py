@@ -41,7 +41,11 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
             if "mixer.o_proj" in name or "mixer.v_proj" in name:
                 param.mul_(4.0)
         if model.copy_cache is not None:  # a closed gate would hide a broken cache: open it wide
-            model.copy_cache.gate.copy_(torch.randn_like(model.copy_cache.gate) * 0.3 + torch.tensor([2.0, 0.0, 0.0, 0.0]))
+            opened = torch.zeros(model.copy_cache.gate.shape[1])
+            opened[0] = 2.0
+            model.copy_cache.gate.copy_(torch.randn_like(model.copy_cache.gate) * 0.3 + opened)
+            if model.copy_cache.continues_word is not None:  # a made-up table: every third id continues a word
+                model.copy_cache.continues_word.copy_(torch.arange(model.config.vocab_size) % 3 == 0)
             if model.copy_cache.seen_gate is not None:
                 model.copy_cache.seen_gate.copy_(torch.tensor([1.0, 0.2, 0.3, 0.7]))
     return model
@@ -57,11 +61,12 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
         (0, 8, "taylor", "sum", {"taylor_dims": 4}), (4, 8, ["taylor", "identity"], ["sum", "delta"], {"taylor_dims": 3}),
         (4, 8, "identity", "sum", {"copy_cache_orders": [1, 2], "copy_cache_buckets": 8}),
         (0, 8, "identity", "sum", {"copy_cache_orders": [1, 3], "copy_cache_buckets": 8, "copy_cache_seen": True}),
+        (0, 8, "identity", "sum", {"copy_cache_orders": [1, 2], "copy_cache_buckets": 8, "copy_cache_continuation": True}),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
         "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path", "per-layer-levels",
-        "taylor", "taylor-short-conv-beside-delta", "copy-cache", "copy-cache-context-words",
+        "taylor", "taylor-short-conv-beside-delta", "copy-cache", "copy-cache-context-words", "copy-cache-continuation",
     ],
 )
 def model(request) -> HallamonicForCausalLM:
@@ -75,7 +80,8 @@ def model(request) -> HallamonicForCausalLM:
     different numbers of levels (three, then two: states of two level counts in one cache), and
     Taylor features (alone, and beside a delta-rule layer: 1 + M + M(M+1)/2 features per row), and
     the copy cache (its n-gram tables carried in the cache beside the blocks' states; 8 buckets, so
-    collisions happen), and with its context-word cue (one count per vocabulary entry carried too)."""
+    collisions happen), and with its context-word cue (one count per vocabulary entry carried too),
+    and with its word-continuation term (a table over the vocabulary, a fifth gate column)."""
     short_conv_size, state_size, feature_map, *rest = request.param
     return stateful_model(
         short_conv_size=short_conv_size, state_size=state_size, feature_map=feature_map,
