@@ -75,6 +75,11 @@ def test_export_is_a_complete_checkpoint(converted):
     seen_gate = load_file(out / "model.safetensors")["copy_cache.seen_gate"]
     assert torch.allclose(seen_gate, torch.tensor(report["copy_cache"]["seen_gate"]), atol=1e-3)
     assert report["copy_cache"]["nll_after"] <= report["copy_cache"]["nll_ngram_only"] + 1e-4
+    # and its word-continuation term (copy_cache.continuation): a fifth gate column and the tokenizer's table, saved
+    assert config["copy_cache_continuation"] and all(len(row) == 5 for row in report["copy_cache"]["gate"])
+    table = load_file(out / "model.safetensors")["copy_cache.continues_word"]
+    assert table.dtype == torch.bool and table.shape == (config["vocab_size"],) and 0 < int(table.sum()) < len(table)
+    assert "continues a word" in card
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["repetition_penalty"] == 1.2  # the cache makes greedy decoding loop: generate counters it
 
@@ -417,7 +422,8 @@ def test_bf16_mixed_precision_on_cpu_keeps_fp32_weights_and_the_fp32_losses(conv
     reference, _ = converted
     out = tmp_path / "mixed"
     convert(load_recipe("tiny", FAST + ["train.mixed_precision=bf16"]), out)
-    assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.float32}
+    weights = load_file(out / "model.safetensors")
+    assert {t.dtype for name, t in weights.items() if name != "copy_cache.continues_word"} == {torch.float32}
     ours, theirs = logged_losses(out), logged_losses(reference)
     assert ours and len(ours) == len(theirs)
     assert ours == pytest.approx(theirs, rel=0.05) and ours != theirs

@@ -80,6 +80,10 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
     assert model.copy_cache is not None and report["copy_cache"]["fit_tokens"] == 2 * 255
     assert config["copy_cache_seen"] and model.copy_cache.seen_gate is not None  # the recipe's context-word cue
     assert report["copy_cache"]["nll_after"] <= report["copy_cache"]["nll_ngram_only"] + 1e-4
+    # and its word-continuation term: SmolLM2's tokenizer says which pieces continue a word
+    assert config["copy_cache_continuation"] and all(len(row) == 5 for row in report["copy_cache"]["gate"])
+    pieces = {piece: model.copy_cache.continues_word[tokenizer.convert_tokens_to_ids(piece)].item() for piece in ("ou", "Ġthe", "1", ".")}
+    assert pieces == {"ou": True, "Ġthe": False, "1": False, ".": False}
 
 
 def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):
