@@ -5,7 +5,7 @@ time (evals/results/smollm2-135m-copy). The copy cache (``hallamonic_copy_cache.
 for each n-gram order, the token that followed the last earlier occurrence of the current n
 tokens; :class:`CopyCacheHead` raises its logit by softplus(a_n + b_n H_t + f_n log p_t(v_n) + o_n
 [overruled]), H_t the model's own entropy, p_t(v_n) its own probability of that token and the last
-term on when a longer order predicts another token. Only those 4 x orders numbers are fitted, by cross-entropy on training text with the model's logits fixed, so the fit
+term on when a longer order predicts another token. Only those 4 x orders numbers (5 with the continuation term below) are fitted, by cross-entropy on training text with the model's logits fixed, so the fit
 needs one forward over the windows and then seconds: per scored position it keeps the logsumexp,
 the entropy, the target's logit and the predicted tokens' logits, from which the cached model's
 loss follows exactly for any gate (``cached_nll``).
