@@ -77,6 +77,11 @@
 #     NAME=converted-seed4-unseen bash evals/smollm2_selective.sh outputs/smollm2-seed4-unseen evals/results/smollm2-135m-hallamonic-seed4-unseen
 #     and the seed-3 run the same way (from outputs/smollm2-seed3-seen to outputs/smollm2-seed3-unseen):
 #     NAME=converted-seed3-unseen bash evals/smollm2_selective.sh outputs/smollm2-seed3-unseen evals/results/smollm2-135m-hallamonic-seed3-unseen
+#   the recipe now (copy_cache.continuation: the gate reads whether the copied token continues a word): the seed-4 run
+#     resumed with it (cp -r outputs/smollm2-seed4-unseen outputs/smollm2-seed4-cont; hallamonic convert
+#     outputs/smollm2-seed4-cont/training/recipe.yaml -o outputs/smollm2-seed4-cont --resume --set copy_cache.continuation=true), then
+#     NAME=converted-seed4-continuation bash evals/smollm2_selective.sh outputs/smollm2-seed4-cont evals/results/smollm2-135m-hallamonic-seed4-continuation
+#     (the runs above had no continuation term: to rerun one add --set copy_cache.continuation=false)
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
