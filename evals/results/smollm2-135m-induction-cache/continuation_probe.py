@@ -25,12 +25,10 @@ from pathlib import Path
 import torch
 
 from hallamonic.convert.copy_cache import attach_copy_cache, copy_cache_statistics, fit_gate, word_continuation_table
-from hallamonic.convert.recipe import load_recipe
-from hallamonic.loading import load_causal_lm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cache_probe import recorder, score_tasks  # noqa: E402
-from fit_text_probe import fit_windows  # noqa: E402
+from fit_text_probe import fit_windows, load_run  # noqa: E402
 
 record = recorder("continuation_probe.jsonl")
 
@@ -48,11 +46,7 @@ def main() -> None:
     parser.add_argument("--tasks", default="bits,lambada,passkey")
     parser.add_argument("--digits", action="store_true", help="count digit-first tokens as continuing a word (the first version)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    run = Path(args.model)
-    recipe = load_recipe(str(run / "training" / "recipe.yaml"))
-    model, tokenizer = load_causal_lm(run)[:2]
-    model.eval()
+    run, recipe, model, tokenizer = load_run(args.model)
     table = word_continuation_table(tokenizer, model.config.vocab_size) if not args.digits else digits_too(tokenizer, model.config.vocab_size)
     windows = fit_windows("unseen", run, recipe, tokenizer)
     cache = recipe.copy_cache

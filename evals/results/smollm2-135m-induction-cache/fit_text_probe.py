@@ -48,17 +48,21 @@ def fit_windows(source: str, run: Path, recipe, tokenizer) -> torch.Tensor:
     return _copy_cache_windows(recipe, streams)[0]
 
 
+def load_run(folder: str):
+    """(run folder, its recipe, the model in eval mode, tokenizer), on 2 threads."""
+    torch.set_num_threads(2)
+    run = Path(folder)
+    model, tokenizer = load_causal_lm(run)[:2]
+    return run, load_recipe(str(run / "training" / "recipe.yaml")), model.eval(), tokenizer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--source", default="phase2,unseen")
     parser.add_argument("--tasks", default="bits,lambada,passkey")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    run = Path(args.model)
-    recipe = load_recipe(str(run / "training" / "recipe.yaml"))
-    model, tokenizer = load_causal_lm(run)[:2]
-    model.eval()
+    run, recipe, model, tokenizer = load_run(args.model)
     for source in args.source.split(","):
         report = fit_copy_cache(model, fit_windows(source, run, recipe, tokenizer), steps=recipe.copy_cache.fit_steps,
                                 lr=recipe.copy_cache.fit_lr, progress=False)
