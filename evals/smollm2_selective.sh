@@ -81,6 +81,8 @@
 #     resumed with it (cp -r outputs/smollm2-seed4-unseen outputs/smollm2-seed4-cont; hallamonic convert
 #     outputs/smollm2-seed4-cont/training/recipe.yaml -o outputs/smollm2-seed4-cont --resume --set copy_cache.continuation=true), then
 #     NAME=converted-seed4-continuation bash evals/smollm2_selective.sh outputs/smollm2-seed4-cont evals/results/smollm2-135m-hallamonic-seed4-continuation
+#     and the seed-3 run the same way (from outputs/smollm2-seed3-unseen to outputs/smollm2-seed3-cont):
+#     NAME=converted-seed3-continuation bash evals/smollm2_selective.sh outputs/smollm2-seed3-cont evals/results/smollm2-135m-hallamonic-seed3-continuation
 #     (the runs above had no continuation term: to rerun one add --set copy_cache.continuation=false)
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
