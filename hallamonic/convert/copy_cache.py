@@ -122,9 +122,8 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
         parts["same"].append((preds[:, :, None] == preds[:, None, :]) & valid[:, :, None] & valid[:, None, :])
         parts["overruled"].append(model.copy_cache.overruled(preds))
         parts["hit"].append((preds == target[:, None]) & valid)
-        continues = model.copy_cache.continuation(preds) if continuation else None  # (L-1, K)
-        if continues is not None:
-            parts["continues"].append(continues)
+        if continuation:
+            parts["continues"].append(model.copy_cache.continuation(preds))  # (L-1, K)
         if seen:
             _slot_statistics(parts, logits, model.copy_cache_counts(ids[:, :-1])[0], ids[0], preds)
     stats = {key: torch.cat(value).cpu() for key, value in parts.items() if value and not key.startswith("slot_")}

@@ -61,6 +61,15 @@ def _final_hidden_or_logits(model, input_ids: torch.Tensor) -> tuple[torch.Tenso
     return model(input_ids=input_ids, use_cache=False).logits, None  # (B, L, V)
 
 
+def with_copy_cache(model, logits: torch.Tensor, input_ids: torch.Tensor, predictions: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Logits (B, S, V) of positions lo..hi-1 of input_ids (B, L) with the model's copy cache applied
+    (its (B, L, K) `predictions` over the whole sequence). Checkpoints from before the context-word
+    cue ship heads without it."""
+    if getattr(model.copy_cache, "seen_gate", None) is not None:
+        return model.copy_cache(logits, predictions[:, lo:hi], model.copy_cache_counts(input_ids, start=lo, stop=hi))
+    return model.copy_cache(logits, predictions[:, lo:hi])
+
+
 @torch.no_grad()
 def score_tokens(
     model, input_ids: torch.Tensor, *, start: int = 0, slice_len: int = 1024
@@ -86,10 +95,7 @@ def score_tokens(
         chunk = states[:, lo:hi]  # (B, S, H|V)
         logits = (head(chunk) if head is not None else chunk).float()  # (B, S, V)
         if copy_cache is not None:
-            if getattr(copy_cache, "seen_gate", None) is not None:  # checkpoints before the cue ship heads without it
-                logits = copy_cache(logits, predictions[:, lo:hi], model.copy_cache_counts(input_ids, start=lo, stop=hi))
-            else:
-                logits = copy_cache(logits, predictions[:, lo:hi])
+            logits = with_copy_cache(model, logits, input_ids, predictions, lo, hi)
         tgt = targets[:, lo:hi]  # (B, S)
         picked = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # (B, S)
         nll_parts.append((torch.logsumexp(logits, dim=-1) - picked).cpu())

@@ -20,7 +20,7 @@ import torch
 
 from hallamonic.evaluation.data import lambada_texts
 from hallamonic.evaluation.lambada import encode_pair, split_passage
-from hallamonic.evaluation.scoring import _final_hidden_or_logits, reset_dynamic_rope
+from hallamonic.evaluation.scoring import _final_hidden_or_logits, reset_dynamic_rope, with_copy_cache
 from hallamonic.loading import load_causal_lm, smollm2_gguf_path
 
 HERE = Path(__file__).parent
@@ -39,10 +39,8 @@ def passage_rows(spec: str, texts: list[str]) -> list[dict]:
         reset_dynamic_rope(model)
         states, head = _final_hidden_or_logits(model, ids)
         logits = (head(states) if head is not None else states).float()  # (1, L, V)
-        cache = getattr(model, "copy_cache", None) if head is not None else None
-        if cache is not None:  # as scoring.score_tokens applies it
-            counts = model.copy_cache_counts(ids, start=0, stop=ids.shape[1]) if cache.seen_gate is not None else None
-            logits = cache(logits, model.copy_cache_predictions(ids), counts) if counts is not None else cache(logits, model.copy_cache_predictions(ids))
+        if head is not None and getattr(model, "copy_cache", None) is not None:  # as score_tokens applies it
+            logits = with_copy_cache(model, logits, ids, model.copy_cache_predictions(ids), 0, ids.shape[1])
         log_p = logits[0, len(ctx) - 1 : len(ctx) + len(tgt) - 1].log_softmax(-1)  # (T, V): predictions of the target
         picked = log_p.gather(-1, torch.tensor(tgt)[:, None])[:, 0]  # (T,)
         ranks = (log_p > picked[:, None]).sum(-1)  # (T,)
