@@ -22,6 +22,10 @@ With the word-continuation term (``continuation``: a fifth gate column per order
 copied token continues a word) the statistics also keep, per prediction, whether its token does
 (a table over the vocabulary from the tokenizer, ``word_continuation_table``); the fit is the same.
 
+With the prior (``prior``: the context-word cue also reads h log prior(v), the token's log unigram
+frequency in the conversion's own training streams, ``unigram_log_prior``) the slot statistics also
+keep each slot's log prior.
+
 Attached after phase 2, not before: a cache present while the blocks train would cost every
 phase-2 step a full-vocabulary entropy, and its gate starts closed anyway.
 """
@@ -40,7 +44,7 @@ from hallamonic.modeling.modeling_hallamonic import CopyCacheHead, HallamonicFor
 # model is built with: there softplus's slope is 5e-5 and the fit stopped short (SmolLM2, the recipe's 48 windows:
 # 3.2410 nats/token from the closed gate, 3.2393 from here, long orders then open where the model is sure).
 FIT_START = (-2.0, 0.0, 0.0, 0.0, 0.0)  # a_n, b_n, f_n, o_n (and w_n with the continuation term)
-SEEN_FIT_START = (-4.0, 0.0, 0.0, 0.0)  # the context-word cue's start: softplus(-4) = 0.018 nats
+SEEN_FIT_START = (-4.0, 0.0, 0.0, 0.0, 0.0)  # the context-word cue's start: softplus(-4) = 0.018 nats (c, d, e, g[, h])
 
 
 def _fit_lbfgs(loss_fn, params, iterations: int = 60) -> float:
@@ -76,22 +80,46 @@ def word_continuation_table(tokenizer, vocab_size: int) -> torch.Tensor:
     return table
 
 
+def unigram_log_prior(streams: list, vocab_size: int) -> torch.Tensor:
+    """(V,) float: log unigram frequency of each token id over the token streams (1-D arrays or
+    tensors), add-0.5 smoothed so an id never seen gets a finite, lowest value. Why a prior from the
+    run's own training text: it is at hand (the phases' streams), in the base model's vocabulary,
+    and ~460K tokens rank the tokens a context can repeat well enough (prior_probe.py)."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for stream in streams:
+        ids = torch.as_tensor(stream).long().flatten()
+        if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(f"unigram_log_prior: token ids must lie in [0, {vocab_size}), got {int(ids.min())}..{int(ids.max())}")
+        counts += torch.bincount(ids, minlength=vocab_size).double()
+    if counts.sum() == 0:
+        raise ValueError("unigram_log_prior: the streams hold no tokens")
+    return ((counts + 0.5) / (counts.sum() + 0.5 * vocab_size)).log().float()
+
+
 def attach_copy_cache(
-    model: HallamonicForCausalLM, orders: list[int], buckets: int, seen: bool = False, continues_word: torch.Tensor | None = None
+    model: HallamonicForCausalLM, orders: list[int], buckets: int, seen: bool = False,
+    continues_word: torch.Tensor | None = None, log_prior: torch.Tensor | None = None,
 ) -> CopyCacheHead:
     """Add a closed copy cache (gate at its init; with ``seen``, the context-word cue too; with
-    ``continues_word`` (V,) bool, the word-continuation term) to `model` and record it in the config."""
+    ``continues_word`` (V,) bool, the word-continuation term; with ``log_prior`` (V,), the cue's
+    prior term) to `model` and record it in the config."""
     model.config.copy_cache_orders, model.config.copy_cache_buckets = list(orders), buckets
     model.config.copy_cache_seen = seen
     model.config.copy_cache_continuation = continues_word is not None
+    model.config.copy_cache_prior = log_prior is not None
     model.config._validate_hallamonic()
     device = model.lm_head.weight.device
-    vocab = model.config.vocab_size if continues_word is not None else None
-    model.copy_cache = CopyCacheHead(list(orders), seen, vocab).to(device)
-    if continues_word is not None:
-        if continues_word.shape != (vocab,):
-            raise ValueError(f"attach_copy_cache: `continues_word` must have one entry per vocabulary id ({vocab}), got {tuple(continues_word.shape)}")
-        model.copy_cache.continues_word.copy_(continues_word.to(device))
+    vocab = model.config.vocab_size
+    tables = {"continues_word": continues_word, "log_prior": log_prior}
+    for name, table in tables.items():
+        if table is not None and table.shape != (vocab,):
+            raise ValueError(f"attach_copy_cache: `{name}` must have one entry per vocabulary id ({vocab}), got {tuple(table.shape)}")
+    model.copy_cache = CopyCacheHead(
+        list(orders), seen, vocab if continues_word is not None else None, vocab if log_prior is not None else None
+    ).to(device)
+    for name, table in tables.items():
+        if table is not None:
+            getattr(model.copy_cache, name).copy_(table.to(device))
     return model.copy_cache
 
 
@@ -102,9 +130,10 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
     logits, which predictions exist, agree with each other, are overruled by a longer order, hit
     the target and (with the continuation term) continue a word."""
     keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "overruled", "hit", "continues")
-    slot_keys = ("slot_logit", "slot_count", "lse_unseen", "pred_slot", "target_slot")
+    slot_keys = ("slot_logit", "slot_count", "slot_prior", "lse_unseen", "pred_slot", "target_slot")
     seen = model.copy_cache.seen_gate is not None
     continuation = getattr(model.copy_cache, "continues_word", None) is not None  # (heads before the term lack it)
+    prior = getattr(model.copy_cache, "log_prior", None) if seen else None
     parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys + (slot_keys if seen else ())}
     device = model.lm_head.weight.device
     for ids in tqdm(windows, desc="copy cache statistics", unit="window", disable=not progress):
@@ -125,20 +154,27 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
         if continuation:
             parts["continues"].append(model.copy_cache.continuation(preds))  # (L-1, K)
         if seen:
-            _slot_statistics(parts, logits, model.copy_cache_counts(ids[:, :-1])[0], ids[0], preds)
+            _slot_statistics(parts, logits, model.copy_cache_counts(ids[:, :-1])[0], ids[0], preds, prior)
     stats = {key: torch.cat(value).cpu() for key, value in parts.items() if value and not key.startswith("slot_")}
     if seen:  # windows hold different numbers of distinct tokens: pad the slots
         width = max(part.shape[1] for part in parts["slot_logit"])
         pad = lambda part, value: torch.nn.functional.pad(part, (0, width - part.shape[1]), value=value)  # noqa: E731
         stats["slot_logit"] = torch.cat([pad(part, float("-inf")) for part in parts["slot_logit"]]).cpu()
         stats["slot_count"] = torch.cat([pad(part, 0.0) for part in parts["slot_count"]]).cpu()
+        if parts["slot_prior"]:
+            stats["slot_prior"] = torch.cat([pad(part, 0.0) for part in parts["slot_prior"]]).cpu()
     return stats
 
 
-def _slot_statistics(parts: dict, logits: torch.Tensor, counts: torch.Tensor, ids: torch.Tensor, preds: torch.Tensor) -> None:
+def _slot_statistics(
+    parts: dict, logits: torch.Tensor, counts: torch.Tensor, ids: torch.Tensor, preds: torch.Tensor, prior: torch.Tensor | None = None
+) -> None:
     """Append one window's slot statistics: logits (L-1, V), counts so far (L-1, V), ids (L,),
-    predictions (L-1, K). Slots are the window's distinct tokens, the only ones a cue can raise."""
+    predictions (L-1, K), the (V,) log prior if any. Slots are the window's distinct tokens, the only
+    ones a cue can raise."""
     distinct = torch.unique(ids)  # (S,)
+    if prior is not None:
+        parts["slot_prior"].append(prior[distinct].float()[None].expand(len(ids) - 1, -1))  # (L-1, S)
     slot_of = torch.full((logits.shape[-1],), -1, dtype=torch.long, device=ids.device)
     slot_of[distinct] = torch.arange(len(distinct), device=ids.device)
     target = ids[1:]  # (L-1,)
@@ -170,7 +206,7 @@ def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     boosts = head.boosts(stats["entropy"], log_p.gather(-1, stats["pred_slot"]), stats["overruled"], stats.get("continues"))
     boosts = boosts * stats["valid"]
     z = stats["slot_logit"].scatter_add(-1, stats["pred_slot"], boosts)  # (P, S): agreeing orders add up
-    z = z + head.seen_boosts(stats["entropy"], log_p, stats["slot_count"])
+    z = z + head.seen_boosts(stats["entropy"], log_p, stats["slot_count"], stats.get("slot_prior"))
     active = stats["slot_count"] > 0  # seen so far
     lse = torch.logaddexp(stats["lse_unseen"], torch.logsumexp(z.masked_fill(~active, float("-inf")), -1))
     slot = stats["target_slot"]
@@ -178,15 +214,20 @@ def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     return (lse - target).mean()
 
 
-def fit_gate(stats: dict, orders: list[int], *, seen: bool, continuation: bool, steps: int = 400, lr: float = 0.05) -> tuple[CopyCacheHead, dict]:
+def fit_gate(
+    stats: dict, orders: list[int], *, seen: bool, continuation: bool, prior: bool = False, steps: int = 400, lr: float = 0.05
+) -> tuple[CopyCacheHead, dict]:
     """Fit a fresh head's gates on `stats` (``copy_cache_statistics``): the n-gram gate by Adam from
     FIT_START, then with the context-word cue both by L-BFGS. ``continuation`` needs the statistics'
-    "continues". Returns the head (its table left empty: only its gates are the fit's) and a report."""
-    head = CopyCacheHead(orders, seen, 1 if continuation else None)  # a placeholder table: the stats hold what it says
+    "continues", ``prior`` their "slot_prior". Returns the head (its tables left empty: only its gates
+    are the fit's) and a report."""
     if continuation and "continues" not in stats:
         raise ValueError("fit_gate: the continuation term needs statistics taken with the word-continuation table")
-    if not continuation:
-        stats = {key: value for key, value in stats.items() if key != "continues"}
+    if prior and not (seen and "slot_prior" in stats):
+        raise ValueError("fit_gate: the prior term needs the context-word cue and statistics taken with the prior table")
+    head = CopyCacheHead(orders, seen, 1 if continuation else None, 1 if prior else None)  # placeholder tables: the stats hold what they say
+    unused = {key for key, used in (("continues", continuation), ("slot_prior", prior)) if not used}
+    stats = {key: value for key, value in stats.items() if key not in unused}
     with torch.no_grad():
         head.gate.copy_(torch.tensor([FIT_START[: head.gate.shape[1]]] * len(orders)))
     optimizer = torch.optim.Adam(head.parameters(), lr=lr)
@@ -201,9 +242,9 @@ def fit_gate(stats: dict, orders: list[int], *, seen: bool, continuation: bool, 
     if seen:  # the context-word cue, with the n-gram gate, from where that stopped
         ngram_only = after
         with torch.no_grad():
-            head.seen_gate.copy_(torch.tensor(SEEN_FIT_START))
+            head.seen_gate.copy_(torch.tensor(SEEN_FIT_START[: head.seen_gate.shape[0]]))
         after = _fit_lbfgs(lambda: seen_cached_nll(stats, head), head.parameters())
-        report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g
+        report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g[, h]
     return head, report | {
         "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n, f_n, o_n (, w_n)
         "nll_before": round(float((stats["lse"] - stats["target"]).mean()), 4),
@@ -221,7 +262,8 @@ def fit_copy_cache(
     stats = copy_cache_statistics(model, windows, progress=progress)
     seen = model.copy_cache.seen_gate is not None
     continuation = getattr(model.copy_cache, "continues_word", None) is not None
-    head, report = fit_gate(stats, model.config.copy_cache_orders, seen=seen, continuation=continuation, steps=steps, lr=lr)
+    prior = getattr(model.copy_cache, "log_prior", None) is not None
+    head, report = fit_gate(stats, model.config.copy_cache_orders, seen=seen, continuation=continuation, prior=prior, steps=steps, lr=lr)
     with torch.no_grad():
         model.copy_cache.gate.copy_(head.gate.to(model.copy_cache.gate))
         if seen:

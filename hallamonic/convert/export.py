@@ -187,7 +187,9 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
             + (" + w_n where that token continues a word, e.g. \"ou\" after \" Kar\"" if len(cache["gate"][0]) > 4 else "")
             + "). "
             + ("With the context-word cue, every token already in the context is raised too, by softplus(c + d x entropy + "
-               f"e x its log-probability + g x log of its count so far) (fitted: {cache['seen_gate']}; the n-gram gate alone "
+               "e x its log-probability + g x log of its count so far"
+               + (" + h x its log unigram frequency in the conversion's training text" if len(cache["seen_gate"]) > 4 else "")
+               + f") (fitted: {cache['seen_gate']}; the n-gram gate alone "
                f"{cache['nll_ngram_only']} nats/token). " if "seen_gate" in cache else "")
             + "It recalls verbatim repeats at any distance in constant memory; "
             f"it cannot recall what is asked in other words. Gate fitted on {cache['fit_tokens']:,} tokens of "

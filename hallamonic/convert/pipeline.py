@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hallamonic.convert.copy_cache import attach_copy_cache, fit_copy_cache, word_continuation_table
+from hallamonic.convert.copy_cache import attach_copy_cache, fit_copy_cache, unigram_log_prior, word_continuation_table
 from hallamonic.convert.data import is_heldout, iter_documents, tokenize_stream
 from hallamonic.convert.export import export, plot_losses
 from hallamonic.convert.phases import (
@@ -338,8 +338,11 @@ def convert(
         measure_transfer("phase2-refit")
     copy_cache = None
     if "phase2" in phases and recipe.copy_cache.orders:
-        continues_word = word_continuation_table(tokenizer, student.config.vocab_size) if recipe.copy_cache.continuation else None
-        attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets, recipe.copy_cache.seen, continues_word)
+        vocab = student.config.vocab_size
+        continues_word = word_continuation_table(tokenizer, vocab) if recipe.copy_cache.continuation else None
+        trained_on = {id(s): s for s in (streams["transfer"], streams["phase2"])}.values()  # one stream when both phases read `data`
+        log_prior = unigram_log_prior(list(trained_on), vocab) if recipe.copy_cache.prior else None
+        attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets, recipe.copy_cache.seen, continues_word, log_prior)
         student.eval()
         windows, fit_text = _copy_cache_windows(recipe, streams, notify=accelerator.print)
         copy_cache = fit_copy_cache(student, windows, steps=recipe.copy_cache.fit_steps, lr=recipe.copy_cache.fit_lr,

@@ -104,6 +104,9 @@ class HallamonicConfig(PreTrainedConfig):
             word (a fifth gate column and a (V,) table from the tokenizer, saved with the weights): a
             name's second piece copied after its first is trusted more than an order-1 copy after a
             whole word.
+        copy_cache_prior: the context-word cue also reads each token's log unigram frequency in the
+            conversion's training text (a sixth cue number and a (V,) table saved with the weights):
+            a name seen once is likelier again than a function word seen once (burstiness).
         base_model_name_or_path: the teacher this model was converted from (for evaluations).
     """
 
@@ -147,6 +150,7 @@ class HallamonicConfig(PreTrainedConfig):
         copy_cache_buckets: int = 65536,
         copy_cache_seen: bool = False,
         copy_cache_continuation: bool = False,
+        copy_cache_prior: bool = False,
         base_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
         use_cache: bool = True,
@@ -191,6 +195,7 @@ class HallamonicConfig(PreTrainedConfig):
         self.copy_cache_buckets = copy_cache_buckets
         self.copy_cache_seen = copy_cache_seen
         self.copy_cache_continuation = copy_cache_continuation
+        self.copy_cache_prior = copy_cache_prior
         self.base_model_name_or_path = base_model_name_or_path
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache
@@ -288,6 +293,8 @@ class HallamonicConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, bool) or (value and not orders):
                 raise ValueError(f"HallamonicConfig: `{name}` must be a bool, true only with `copy_cache_orders`, got {value!r}")
+        if not isinstance(self.copy_cache_prior, bool) or (self.copy_cache_prior and not self.copy_cache_seen):
+            raise ValueError(f"HallamonicConfig: `copy_cache_prior` must be a bool, true only with `copy_cache_seen`, got {self.copy_cache_prior!r}")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if self.per_layer_bands and len(self.timescale_bands) != self.num_hidden_layers:

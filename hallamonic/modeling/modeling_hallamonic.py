@@ -778,7 +778,7 @@ class HallamonicModel(HallamonicPreTrainedModel):
 # --------------------------------------------------------------------------------------------
 COPY_CACHE_GATE_INIT = (-10.0, 0.0, 0.0, 0.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
 COPY_CACHE_LOGP_FLOOR = -30.0  # log p below this reads as this: no boost grows without bound
-COPY_CACHE_SEEN_INIT = (-10.0, 0.0, 0.0, 0.0)  # the context-word cue (c, d, e, g): off until fitted
+COPY_CACHE_SEEN_INIT = (-10.0, 0.0, 0.0, 0.0, 0.0)  # the context-word cue (c, d, e, g[, h]): off until fitted
 
 
 class CopyCacheHead(nn.Module):
@@ -801,17 +801,25 @@ class CopyCacheHead(nn.Module):
     With ``vocab_size`` (``copy_cache_continuation``) the gate has a fifth column, + w_n [v_n
     continues a word]: after a word's first piece (" Kar") its earlier spelling ("ou") is the best
     guess, where an order-1 copy after a whole word (" the") is not; ``continues_word`` (V,) says
-    which tokens continue a word (built from the tokenizer by the conversion, saved as a weight)."""
+    which tokens continue a word (built from the tokenizer by the conversion, saved as a weight).
 
-    def __init__(self, orders: list[int], seen: bool = False, vocab_size: int | None = None):
+    With ``prior_size`` (``copy_cache_prior``) the context-word cue reads a fifth number, + h log
+    prior(v), the token's log unigram frequency in the conversion's training text (``log_prior``
+    (V,), saved as a weight): see ``seen_boosts``."""
+
+    def __init__(self, orders: list[int], seen: bool = False, vocab_size: int | None = None, prior_size: int | None = None):
         super().__init__()
         self.orders = list(orders)  # a list, not a buffer: nothing for loading on the meta device to leave uninitialised
         columns = len(COPY_CACHE_GATE_INIT) if vocab_size else len(COPY_CACHE_GATE_INIT) - 1
         self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT[:columns]] * len(orders)))  # (K, 4 or 5)
-        # The context-word cue (``copy_cache_seen``): (c, d, e, g), see ``seen_boosts``.
-        self.seen_gate = nn.Parameter(torch.tensor(COPY_CACHE_SEEN_INIT)) if seen else None  # (4,)
-        # Saved with the weights (a checkpoint always holds it), so loading fills it.
+        if prior_size and not seen:
+            raise ValueError("CopyCacheHead: the prior is a term of the context-word cue; it needs seen=True")
+        # The context-word cue (``copy_cache_seen``): (c, d, e, g[, h]), see ``seen_boosts``.
+        seen_init = COPY_CACHE_SEEN_INIT if prior_size else COPY_CACHE_SEEN_INIT[:4]
+        self.seen_gate = nn.Parameter(torch.tensor(seen_init)) if seen else None  # (4 or 5,)
+        # Tables saved with the weights (a checkpoint always holds them), so loading fills them.
         self.register_buffer("continues_word", torch.zeros(vocab_size, dtype=torch.bool) if vocab_size else None)  # (V,)
+        self.register_buffer("log_prior", torch.zeros(prior_size) if prior_size else None)  # (V,)
 
     def continuation(self, predictions: torch.Tensor) -> torch.Tensor | None:
         """(..., K) float: 1 where the predicted token continues a word (None without the table)."""
@@ -846,19 +854,28 @@ class CopyCacheHead(nn.Module):
             x = x + self.gate[:, 4] * continues
         return F.softplus(x)
 
-    def seen_boosts(self, entropy: torch.Tensor, log_p: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def seen_boosts(
+        self, entropy: torch.Tensor, log_p: torch.Tensor, counts: torch.Tensor, log_prior: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(..., S) boosts of tokens already in the context, at positions whose entropy is (...), for
         tokens whose log-probabilities and counts so far are (..., S) (0 where a count is 0):
 
-            gamma_t(v) = softplus(c + d H_t + e log p_t(v) + g log count_t(v)).
+            gamma_t(v) = softplus(c + d H_t + e log p_t(v) + g log count_t(v) [+ h log prior(v)]),
+
+        the last term with the prior: its (..., S) values given, else the (V,) table (S = V).
 
         Why: LAMBADA's target word occurs earlier in most passages, but rarely after the same token
         (evals/results/smollm2-135m-induction-cache/seen_probe.py): the n-gram orders cannot find it,
         a cue on every context word can. Reading log p and the count lets the fit choose which words
-        to raise: on SmolLM2 e, g < 0, the unlikely ones seen few times (LAMBADA 0.177 -> 0.190)."""
-        c, d, e, g = self.seen_gate.unbind()
+        to raise: on SmolLM2 e, g < 0, the unlikely ones seen few times (LAMBADA 0.177 -> 0.190).
+        The prior tells a bursty word (a name: rare overall, so seen once it is likely again) from a
+        function word the model already weighs: fitted h < 0 (evals/results/smollm2-135m-induction-cache/prior_probe.py)."""
+        c, d, e, g = self.seen_gate[:4].unbind()
         x = c + d * entropy[..., None].float() + e * log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
-        return F.softplus(x + g * counts.float().clamp(min=1).log()) * (counts > 0)
+        x = x + g * counts.float().clamp(min=1).log()
+        if self.seen_gate.shape[0] > 4:
+            x = x + self.seen_gate[4] * (self.log_prior if log_prior is None else log_prior)
+        return F.softplus(x) * (counts > 0)
 
     def forward(self, logits: torch.Tensor, predictions: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
         """logits (B, S, V), the cache's (B, S, K) predicted ids (-1 = none) and, with the
@@ -921,7 +938,11 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.copy_cache = (
-            CopyCacheHead(config.copy_cache_orders, config.copy_cache_seen, config.vocab_size if config.copy_cache_continuation else None)
+            CopyCacheHead(
+                config.copy_cache_orders, config.copy_cache_seen,
+                config.vocab_size if config.copy_cache_continuation else None,
+                config.vocab_size if config.copy_cache_prior else None,
+            )
             if config.copy_cache_orders
             else None
         )

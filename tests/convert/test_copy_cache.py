@@ -12,6 +12,7 @@ from hallamonic.convert.copy_cache import (
     copy_cache_statistics,
     fit_copy_cache,
     seen_cached_nll,
+    unigram_log_prior,
     word_continuation_table,
 )
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
@@ -173,20 +174,92 @@ def test_the_word_continuation_table_reads_the_tokenizer():
     assert table.tolist() == [True, False, True, False, False, False, False, True, False, False, False, False]
 
 
-@pytest.mark.parametrize("seen, continuation", [(False, False), (True, False), (True, True)], ids=["ngram", "context-words", "continuation"])
-def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path, seen, continuation):
+RAMP_PRIOR = -(torch.arange(40, dtype=torch.float32) + 1) / 4  # a made-up prior: higher ids rarer
+
+
+def test_the_prior_term_raises_context_tokens_by_their_prior_and_the_fit_loss_stays_exact():
+    """The cue's fifth number adds h log prior(v) inside the softplus of every seen token, unseen ones
+    untouched; the fit's slot statistics carry each slot's prior, so its loss is still exactly the
+    cached model's own."""
     model = tiny_model()
-    attach_copy_cache(model, [1, 2], 128, seen=seen, continues_word=ODD_CONTINUES if continuation else None)
+    attach_copy_cache(model, [1, 3], 64, seen=True, continues_word=ODD_CONTINUES, log_prior=RAMP_PRIOR)
+    windows = torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))])
+    with torch.no_grad():
+        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4, -1.5, 0.4], [1.5, -0.1, 0.2, 0.0, -0.3]]))
+        model.copy_cache.seen_gate.copy_(torch.tensor([0.3, 0.2, 0.4, 0.6, 0.0]))
+        before = model(windows).logits
+        model.copy_cache.seen_gate[4] = -0.5
+        after = model(windows).logits
+    counts = model.copy_cache_counts(windows)  # (W, L, V)
+    delta = after - before
+    assert torch.all(delta[counts == 0] == 0)  # tokens not yet seen: no change
+    seen_delta = delta[0, -1][counts[0, -1] > 0]  # the last position of a window: its seen tokens, ids ascending
+    assert len(seen_delta) > 3 and torch.all(seen_delta > 0)  # rarer tokens raised more ...
+    ids = counts[0, -1].nonzero()[:, 0]
+    order = torch.argsort(ids)
+    assert float(torch.corrcoef(torch.stack([ids[order].float(), seen_delta[order]]))[0, 1]) > 0.5  # ... rising with the id
+    stats = copy_cache_statistics(model, windows, progress=False)
+    assert stats["slot_prior"].shape == stats["slot_count"].shape
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(after[:, :-1].double().reshape(-1, 40), windows[:, 1:].reshape(-1))
+        assert abs(float(seen_cached_nll(stats, model.copy_cache)) - float(want)) < 1e-5
+
+
+def test_the_prior_fit_raises_rare_words_more_than_common_ones():
+    """Windows where rare ids (the top of the vocabulary) come back and common ones are drawn at
+    random: the fit gives the prior term a negative h (rarer, raised more) and beats the fit without it."""
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for _ in range(6):
+        names = torch.randint(30, 40, (3,), generator=gen)  # a window's few names, repeated
+        row = [int(names[torch.randint(0, 3, (1,), generator=gen)]) if i % 4 == 3 else int(torch.randint(0, 30, (1,), generator=gen))
+               for i in range(96)]
+        rows.append(torch.tensor(row))
+    windows = torch.stack(rows)  # (6, 96)
+    prior = torch.where(torch.arange(40) >= 30, -8.0, -3.0)  # rare names, common rest
+    plain, with_prior = tiny_model(), tiny_model()
+    attach_copy_cache(plain, [1], 64, seen=True)
+    attach_copy_cache(with_prior, [1], 64, seen=True, log_prior=prior)
+    without = fit_copy_cache(plain, windows, steps=100, progress=False)
+    fitted = fit_copy_cache(with_prior, windows, steps=100, progress=False)
+    assert len(without["seen_gate"]) == 4 and fitted["seen_gate"][4] < -0.1
+    assert fitted["nll_after"] < without["nll_after"] - 0.02
+
+
+def test_the_unigram_prior_counts_the_streams():
+    prior = unigram_log_prior([torch.tensor([0, 0, 1]), [1, 1, 3]], 5)  # counts 2, 3, 0, 1, 0 over 6 tokens
+    want = torch.tensor([2.5, 3.5, 0.5, 1.5, 0.5]) / (6 + 2.5)
+    torch.testing.assert_close(prior, want.log())
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        unigram_log_prior([torch.tensor([0, 5])], 5)
+    with pytest.raises(ValueError, match="no tokens"):
+        unigram_log_prior([torch.tensor([], dtype=torch.long)], 5)
+
+
+@pytest.mark.parametrize(
+    "seen, continuation, prior",
+    [(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
+    ids=["ngram", "context-words", "continuation", "prior"],
+)
+def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path, seen, continuation, prior):
+    model = tiny_model()
+    attach_copy_cache(model, [1, 2], 128, seen=seen, continues_word=ODD_CONTINUES if continuation else None,
+                      log_prior=RAMP_PRIOR if prior else None)
     fit_copy_cache(model, repeating_windows(2, 48), steps=20, progress=False)
-    if continuation:
-        with torch.no_grad():
+    with torch.no_grad():
+        if continuation:
             model.copy_cache.gate[:, 4] = 1.5  # a term the reload must not lose
+        if prior:
+            model.copy_cache.seen_gate[4] = -0.7
     model.save_pretrained(tmp_path)
     again = HallamonicForCausalLM.from_pretrained(tmp_path).eval()
     assert again.config.copy_cache_orders == [1, 2] and again.config.copy_cache_buckets == 128
     assert again.config.copy_cache_seen is seen and again.config.copy_cache_continuation is continuation
+    assert again.config.copy_cache_prior is prior
     if continuation:
         assert torch.equal(again.copy_cache.continues_word, ODD_CONTINUES)
+    if prior:
+        assert torch.equal(again.copy_cache.log_prior, RAMP_PRIOR)
     ids = repeating_windows(1, 40, seed=3)
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, model(ids).logits)
@@ -202,6 +275,10 @@ def test_bad_orders_and_missing_ids_are_refused():
         attach_copy_cache(tiny_model(), [], 64, continues_word=ODD_CONTINUES)
     with pytest.raises(ValueError, match="one entry per vocabulary id"):
         attach_copy_cache(tiny_model(), [1], 64, continues_word=ODD_CONTINUES[:10])
+    with pytest.raises(ValueError, match="copy_cache_prior"):
+        attach_copy_cache(tiny_model(), [1], 64, log_prior=RAMP_PRIOR)  # the prior is a term of the context-word cue
+    with pytest.raises(ValueError, match="`log_prior` must have one entry"):
+        attach_copy_cache(tiny_model(), [1], 64, seen=True, log_prior=RAMP_PRIOR[:10])
     with pytest.raises(ValueError, match="no copy cache"):
         fit_copy_cache(tiny_model(), repeating_windows(1, 24), progress=False)
     attach_copy_cache(model, [1], 64)

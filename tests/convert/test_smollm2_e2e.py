@@ -84,6 +84,10 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
     assert config["copy_cache_continuation"] and all(len(row) == 5 for row in report["copy_cache"]["gate"])
     pieces = {piece: model.copy_cache.continues_word[tokenizer.convert_tokens_to_ids(piece)].item() for piece in ("ou", "Ġthe", "1", ".")}
     assert pieces == {"ou": True, "Ġthe": False, "1": False, ".": False}
+    # and the cue's prior: the training streams' log unigram frequencies, a function word far above a name's piece
+    assert config["copy_cache_prior"] and len(report["copy_cache"]["seen_gate"]) == 5
+    prior = {piece: model.copy_cache.log_prior[tokenizer.convert_tokens_to_ids(piece)].item() for piece in ("Ġthe", "ĠKar")}
+    assert prior["ĠKar"] < prior["Ġthe"] - 2  # (the test's streams are a few hundred tokens: " the" counts tens of times)
 
 
 def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):

@@ -49,9 +49,10 @@ json.dump(result, open(out_path, "w"))
     params=[
         (1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"]), (8, "identity", "delta"),
         (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32}),
-        (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32, "copy_cache_seen": True}),
+        (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32, "copy_cache_seen": True,
+                                "copy_cache_continuation": True, "copy_cache_prior": True}),
     ],
-    ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta", "copy-cache", "copy-cache-context-words"],
+    ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta", "copy-cache", "copy-cache-every-cue"],
 )
 def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
     torch.manual_seed(0)
@@ -67,9 +68,14 @@ def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
             if ".mixer." in name:
                 param.add_(torch.randn_like(param) * 0.2)
         if model.copy_cache is not None:  # open the gate so that the cache shows in the logits
-            model.copy_cache.gate.copy_(torch.tensor([[1.0, 0.2, -0.5, -1.0], [2.0, 0.0, 0.0, 0.5], [0.5, 0.5, 0.2, 0.0]]))
-            if model.copy_cache.seen_gate is not None:
-                model.copy_cache.seen_gate.copy_(torch.tensor([0.5, 0.1, 0.3, 0.6]))
+            gate = torch.tensor([[1.0, 0.2, -0.5, -1.0, 0.8], [2.0, 0.0, 0.0, 0.5, -0.4], [0.5, 0.5, 0.2, 0.0, 0.3]])
+            model.copy_cache.gate.copy_(gate[:, : model.copy_cache.gate.shape[1]])
+            if model.copy_cache.seen_gate is not None:  # (c, d, e, g[, h])
+                model.copy_cache.seen_gate.copy_(torch.tensor([0.5, 0.1, 0.3, 0.6, -0.3])[: model.copy_cache.seen_gate.shape[0]])
+            if model.copy_cache.continues_word is not None:  # made-up tables the checkpoint must carry
+                model.copy_cache.continues_word.copy_(torch.arange(61) % 2 == 1)
+            if model.copy_cache.log_prior is not None:
+                model.copy_cache.log_prior.copy_(-torch.arange(61, dtype=torch.float32) / 6)
     path = tmp_path_factory.mktemp("ckpt")
     model.save_pretrained(path)
     return path, model
