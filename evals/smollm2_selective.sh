@@ -84,6 +84,10 @@
 #     and the seed-3 run the same way (from outputs/smollm2-seed3-unseen to outputs/smollm2-seed3-cont):
 #     NAME=converted-seed3-continuation bash evals/smollm2_selective.sh outputs/smollm2-seed3-cont evals/results/smollm2-135m-hallamonic-seed3-continuation
 #     (the runs above had no continuation term: to rerun one add --set copy_cache.continuation=false)
+#   not adopted (copy_cache.prior: the context-word cue reads each token's log unigram frequency; passkey falls at 2K / 4K):
+#     cp -r outputs/smollm2-seed4-cont outputs/smollm2-seed4-prior; hallamonic convert outputs/smollm2-seed4-prior/training/recipe.yaml
+#     -o outputs/smollm2-seed4-prior --resume --set copy_cache.prior=true (4.8 min), then
+#     NAME=converted-seed4-prior bash evals/smollm2_selective.sh outputs/smollm2-seed4-prior evals/results/smollm2-135m-hallamonic-seed4-prior
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}

@@ -63,12 +63,14 @@ class FeatureCue(torch.nn.Module):
     weight per feature column of `table` (V, F), then (with `rate`) q log(tokens so far): with q = -g
     the count term reads the token's rate in the context, count / t, which does not grow with length."""
 
-    def __init__(self, table: torch.Tensor, start: torch.Tensor, rate: bool, matched: bool = False, cap: float | None = None):
+    def __init__(self, table: torch.Tensor, start: torch.Tensor, rate: bool, matched: bool = False, cap: float | None = None,
+                 contra: bool = False):
         super().__init__()
         self.register_buffer("table", table)  # (V, F)
-        self.rate, self.matched, self.cap = rate, matched, cap
+        self.rate, self.matched, self.cap, self.contra = rate, matched, cap, contra
         self.matches = None  # (..., 1) per position: how many orders predict a token (set before each call)
-        self.weights = torch.nn.Parameter(torch.cat([start.float(), torch.zeros(table.shape[1] + rate + matched)]))
+        self.contradicted = None  # (..., S): 1 for a token an overruled order predicts (set before each call)
+        self.weights = torch.nn.Parameter(torch.cat([start.float(), torch.zeros(table.shape[1] + rate + matched + contra)]))
 
     def __call__(self, entropy, log_p, counts, features=None):
         """As CopyCacheHead.seen_boosts; features (..., S, F) per slot, or the table's rows when S = V."""
@@ -78,7 +80,9 @@ class FeatureCue(torch.nn.Module):
         if self.rate:  # every token so far is in a slot: the counts sum to the position + 1
             extra = extra + self.weights[4 + width] * counts.float().sum(-1, keepdim=True).clamp(min=1).log()
         if self.matched:  # an exact n-gram match says what comes; the other context words matter less
-            extra = extra + self.weights[-1] * self.matches
+            extra = extra + self.weights[4 + width + self.rate] * self.matches
+        if self.contra:  # a short order's copy that a longer order contradicts (" yellow" after "is" in passkey's filler)
+            extra = extra + self.weights[-1] * self.contradicted
         x = c + d * entropy[..., None].float() + e * log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
         return F.softplus(x + g * counts.float().clamp(min=1, max=self.cap).log() + extra) * (counts > 0)
 
@@ -106,17 +110,22 @@ def feature_nll(stats: dict, head, cue: FeatureCue, features: torch.Tensor) -> t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--variants", default="prior,start", help="feature sets separated by ';' (prior, start, rate, matched, capN)")
+    parser.add_argument("--variants", default="prior,start", help="feature sets separated by ';' (prior, start, rate, matched, long, capN, contra)")
     parser.add_argument("--tasks", default="bits,lambada,passkey")
+    parser.add_argument("--fit-length", type=int, default=None, help="tokens per fit window (the recipe's 48 x 1,024 tokens kept: fewer, longer windows)")
     args = parser.parse_args()
     run, recipe, model, tokenizer = load_run(args.model)
     vocab = model.config.vocab_size
+    if args.fit_length:
+        total = recipe.copy_cache.fit_windows * recipe.copy_cache.fit_length
+        recipe.copy_cache.fit_length, recipe.copy_cache.fit_windows = args.fit_length, total // args.fit_length
     columns = {"prior": lambda: log_prior(run, vocab), "start": lambda: starts_word(tokenizer, vocab)}
     windows = fit_windows("unseen", run, recipe, tokenizer)
     cache = recipe.copy_cache
     stats = cc.copy_cache_statistics(model, windows, progress=False)
     control, report = cc.fit_gate(stats, cache.orders, seen=True, continuation=cache.continuation, steps=cache.fit_steps, lr=cache.fit_lr)
-    record({"model": run.name, "features": [], "task": "fit"} | report)  # the control: the product's own fit
+    tag = {"fit_length": recipe.copy_cache.fit_length} if args.fit_length else {}
+    record({"model": run.name, "features": [], "task": "fit"} | tag | report)  # the control: the product's own fit
     for variant in args.variants.split(";"):
         names = variant.split(",")
         tokens = [name for name in names if name in columns]
@@ -125,14 +134,17 @@ def main() -> None:
         features = slot_features(windows, table, stats["slot_logit"].shape[1])
         head = copy.deepcopy(control)
         matched = "matched" in names or "long" in names
-        cue = FeatureCue(table, head.seen_gate.detach(), "rate" in names, matched, cap)
+        cue = FeatureCue(table, head.seen_gate.detach(), "rate" in names, matched, cap, "contra" in names)
+        width = stats["slot_logit"].shape[1]
+        cue.contradicted = torch.zeros(len(stats["lse"]), width).scatter_reduce(
+            1, stats["pred_slot"], stats["overruled"].float(), "amax")  # (P, S)
         # matched: how many orders predict; long: whether an order >= 3 does (a confident copy)
         long_orders = torch.tensor(cache.orders) >= 3
         match_feature = (lambda valid: valid.float().sum(-1, keepdim=True)) if "matched" in names else \
             (lambda valid: (valid & long_orders.to(valid.device)).any(-1, keepdim=True).float())
         cue.matches = match_feature(stats["valid"])  # (P, 1)
         after = cc._fit_lbfgs(lambda: feature_nll(stats, head, cue, features), [head.gate, cue.weights])
-        record({"model": run.name, "features": names, "task": "fit", "nll_after": round(after, 4),
+        record({"model": run.name, "features": names, "task": "fit", **tag, "nll_after": round(after, 4),
                 "seen_weights": [round(x, 4) for x in cue.weights.tolist()], "gate": [[round(x, 4) for x in r] for r in head.gate.tolist()]})
         with torch.no_grad():
             model.copy_cache.gate.copy_(head.gate)
@@ -142,10 +154,12 @@ def main() -> None:
 
         def forward(logits, predictions, counts=None, cue=cue, match_feature=match_feature):
             cue.matches = match_feature(predictions >= 0)  # (B, S, 1)
+            cue.contradicted = torch.zeros_like(logits, dtype=torch.float).scatter_reduce(
+                -1, predictions.clamp(min=0), model.copy_cache.overruled(predictions).float(), "amax")  # (B, S, V)
             return head_forward(model.copy_cache, logits, predictions, counts)
 
         model.copy_cache.forward = forward
-        score_tasks(model, tokenizer, args.tasks.split(","), {"model": run.name, "features": names}, record, [1024])
+        score_tasks(model, tokenizer, args.tasks.split(","), {"model": run.name, "features": names} | tag, record, [1024])
 
 
 if __name__ == "__main__":
