@@ -668,7 +668,7 @@ class HallamonicPreTrainedModel(PreTrainedModel):
         elif isinstance(module, CopyCacheHead):
             init.copy_(module.gate, torch.tensor([COPY_CACHE_GATE_INIT[: module.gate.shape[1]]] * module.gate.shape[0]))
             if module.seen_gate is not None:
-                init.copy_(module.seen_gate, torch.tensor(COPY_CACHE_SEEN_INIT))
+                init.copy_(module.seen_gate, torch.tensor(COPY_CACHE_SEEN_INIT[: module.seen_gate.shape[0]]))
 
 
 class HallamonicModel(HallamonicPreTrainedModel):
