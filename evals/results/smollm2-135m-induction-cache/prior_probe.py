@@ -41,10 +41,8 @@ record = recorder("prior_probe.jsonl")
 
 
 def log_prior(run: Path, vocab: int) -> torch.Tensor:
-    """(V,) log unigram frequency over the run's phase-1 and phase-2 streams, add-0.5 smoothed."""
-    streams = [np.load(run / "training" / name) for name in ("tokens.npy", "tokens-phase2.npy")]
-    counts = torch.from_numpy(np.bincount(np.concatenate(streams), minlength=vocab)[:vocab]).double()
-    return ((counts + 0.5) / (counts.sum() + 0.5 * vocab)).log().float()
+    """(V,) the product's prior (`unigram_log_prior`) over the run's phase-1 and phase-2 streams."""
+    return cc.unigram_log_prior([np.load(run / "training" / name) for name in ("tokens.npy", "tokens-phase2.npy")], vocab)
 
 
 def starts_word(tokenizer, vocab: int) -> torch.Tensor:
