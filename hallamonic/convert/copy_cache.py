@@ -24,7 +24,8 @@ copied token continues a word) the statistics also keep, per prediction, whether
 
 With the prior (``prior``: the context-word cue also reads h log prior(v), the token's log unigram
 frequency in the conversion's own training streams, ``unigram_log_prior``) the slot statistics also
-keep each slot's log prior.
+keep each slot's log prior. With the rate (``rate``: + q log t) or the count cap (``count_cap``)
+nothing more: t is the sum of a position's slot counts, the cap applies to them.
 
 Attached after phase 2, not before: a cache present while the blocks train would cost every
 phase-2 step a full-vocabulary entropy, and its gate starts closed anyway.
@@ -44,7 +45,7 @@ from hallamonic.modeling.modeling_hallamonic import CopyCacheHead, HallamonicFor
 # model is built with: there softplus's slope is 5e-5 and the fit stopped short (SmolLM2, the recipe's 48 windows:
 # 3.2410 nats/token from the closed gate, 3.2393 from here, long orders then open where the model is sure).
 FIT_START = (-2.0, 0.0, 0.0, 0.0, 0.0)  # a_n, b_n, f_n, o_n (and w_n with the continuation term)
-SEEN_FIT_START = (-4.0, 0.0, 0.0, 0.0, 0.0)  # the context-word cue's start: softplus(-4) = 0.018 nats (c, d, e, g[, h])
+SEEN_FIT_START = (-4.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # the context-word cue's start: softplus(-4) = 0.018 nats (c, d, e, g[, h][, q])
 
 
 def _fit_lbfgs(loss_fn, params, iterations: int = 60) -> float:
@@ -98,15 +99,17 @@ def unigram_log_prior(streams: list, vocab_size: int) -> torch.Tensor:
 
 def attach_copy_cache(
     model: HallamonicForCausalLM, orders: list[int], buckets: int, seen: bool = False,
-    continues_word: torch.Tensor | None = None, log_prior: torch.Tensor | None = None,
+    continues_word: torch.Tensor | None = None, log_prior: torch.Tensor | None = None, rate: bool = False, count_cap: int = 0,
 ) -> CopyCacheHead:
     """Add a closed copy cache (gate at its init; with ``seen``, the context-word cue too; with
     ``continues_word`` (V,) bool, the word-continuation term; with ``log_prior`` (V,), the cue's
-    prior term) to `model` and record it in the config."""
+    prior term; with ``rate``, its q log t term; with ``count_cap`` > 0, counts read up to that cap) to
+    `model` and record it in the config."""
     model.config.copy_cache_orders, model.config.copy_cache_buckets = list(orders), buckets
     model.config.copy_cache_seen = seen
     model.config.copy_cache_continuation = continues_word is not None
     model.config.copy_cache_prior = log_prior is not None
+    model.config.copy_cache_rate, model.config.copy_cache_count_cap = rate, count_cap
     model.config._validate_hallamonic()
     device = model.lm_head.weight.device
     vocab = model.config.vocab_size
@@ -115,7 +118,8 @@ def attach_copy_cache(
         if table is not None and table.shape != (vocab,):
             raise ValueError(f"attach_copy_cache: `{name}` must have one entry per vocabulary id ({vocab}), got {tuple(table.shape)}")
     model.copy_cache = CopyCacheHead(
-        list(orders), seen, vocab if continues_word is not None else None, vocab if log_prior is not None else None
+        list(orders), seen, vocab if continues_word is not None else None, vocab if log_prior is not None else None, rate,
+        count_cap,
     ).to(device)
     for name, table in tables.items():
         if table is not None:
@@ -215,17 +219,21 @@ def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
 
 
 def fit_gate(
-    stats: dict, orders: list[int], *, seen: bool, continuation: bool, prior: bool = False, steps: int = 400, lr: float = 0.05
+    stats: dict, orders: list[int], *, seen: bool, continuation: bool, prior: bool = False, rate: bool = False,
+    count_cap: int = 0, steps: int = 400, lr: float = 0.05,
 ) -> tuple[CopyCacheHead, dict]:
     """Fit a fresh head's gates on `stats` (``copy_cache_statistics``): the n-gram gate by Adam from
     FIT_START, then with the context-word cue both by L-BFGS. ``continuation`` needs the statistics'
     "continues", ``prior`` their "slot_prior". Returns the head (its tables left empty: only its gates
-    are the fit's) and a report."""
+    are the fit's) and a report. ``rate`` and ``count_cap`` need nothing more (t is the sum of a
+    position's slot counts; the cap applies to them)."""
     if continuation and "continues" not in stats:
         raise ValueError("fit_gate: the continuation term needs statistics taken with the word-continuation table")
     if prior and not (seen and "slot_prior" in stats):
         raise ValueError("fit_gate: the prior term needs the context-word cue and statistics taken with the prior table")
-    head = CopyCacheHead(orders, seen, 1 if continuation else None, 1 if prior else None)  # placeholder tables: the stats hold what they say
+    if (rate or count_cap) and not seen:
+        raise ValueError("fit_gate: the rate and the count cap are the context-word cue's; they need seen=True")
+    head = CopyCacheHead(orders, seen, 1 if continuation else None, 1 if prior else None, rate, count_cap)  # placeholder tables: the stats hold them
     unused = {key for key, used in (("continues", continuation), ("slot_prior", prior)) if not used}
     stats = {key: value for key, value in stats.items() if key not in unused}
     with torch.no_grad():
@@ -244,7 +252,7 @@ def fit_gate(
         with torch.no_grad():
             head.seen_gate.copy_(torch.tensor(SEEN_FIT_START[: head.seen_gate.shape[0]]))
         after = _fit_lbfgs(lambda: seen_cached_nll(stats, head), head.parameters())
-        report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g[, h]
+        report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g[, h][, q]
     return head, report | {
         "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n, f_n, o_n (, w_n)
         "nll_before": round(float((stats["lse"] - stats["target"]).mean()), 4),
@@ -263,7 +271,11 @@ def fit_copy_cache(
     seen = model.copy_cache.seen_gate is not None
     continuation = getattr(model.copy_cache, "continues_word", None) is not None
     prior = getattr(model.copy_cache, "log_prior", None) is not None
-    head, report = fit_gate(stats, model.config.copy_cache_orders, seen=seen, continuation=continuation, prior=prior, steps=steps, lr=lr)
+    rate, count_cap = getattr(model.copy_cache, "rate", False), getattr(model.copy_cache, "count_cap", 0)
+    head, report = fit_gate(
+        stats, model.config.copy_cache_orders, seen=seen, continuation=continuation, prior=prior, rate=rate, count_cap=count_cap,
+        steps=steps, lr=lr,
+    )
     with torch.no_grad():
         model.copy_cache.gate.copy_(head.gate.to(model.copy_cache.gate))
         if seen:
@@ -271,6 +283,7 @@ def fit_copy_cache(
     return report | {
         "orders": list(model.config.copy_cache_orders),
         "buckets": model.config.copy_cache_buckets,
+        "prior": prior, "rate": rate, "count_cap": count_cap,  # which of the cue's optional terms seen_gate holds; the cap (0: none)
         "fit_tokens": int(stats["lse"].numel()),
         "matched_share": round(float(stats["valid"].any(-1).float().mean()), 4),  # positions with any prediction
         "seconds": round(time.perf_counter() - began, 1),

@@ -188,7 +188,9 @@ def model_card(recipe: Recipe, report: dict, config) -> str:
             + "). "
             + ("With the context-word cue, every token already in the context is raised too, by softplus(c + d x entropy + "
                "e x its log-probability + g x log of its count so far"
-               + (" + h x its log unigram frequency in the conversion's training text" if len(cache["seen_gate"]) > 4 else "")
+               + (f" (at most {cache['count_cap']})" if cache.get("count_cap") else "")
+               + (" + h x its log unigram frequency in the conversion's training text" if cache.get("prior", len(cache["seen_gate"]) > 4) else "")
+               + (" + q x log of the tokens so far" if cache.get("rate") else "")
                + f") (fitted: {cache['seen_gate']}; the n-gram gate alone "
                f"{cache['nll_ngram_only']} nats/token). " if "seen_gate" in cache else "")
             + "It recalls verbatim repeats at any distance in constant memory; "

@@ -342,7 +342,10 @@ def convert(
         continues_word = word_continuation_table(tokenizer, vocab) if recipe.copy_cache.continuation else None
         trained_on = {id(s): s for s in (streams["transfer"], streams["phase2"])}.values()  # one stream when both phases read `data`
         log_prior = unigram_log_prior(list(trained_on), vocab) if recipe.copy_cache.prior else None
-        attach_copy_cache(student, recipe.copy_cache.orders, recipe.copy_cache.buckets, recipe.copy_cache.seen, continues_word, log_prior)
+        attach_copy_cache(
+            student, recipe.copy_cache.orders, recipe.copy_cache.buckets, recipe.copy_cache.seen, continues_word, log_prior,
+            recipe.copy_cache.rate, recipe.copy_cache.count_cap,
+        )
         student.eval()
         windows, fit_text = _copy_cache_windows(recipe, streams, notify=accelerator.print)
         copy_cache = fit_copy_cache(student, windows, steps=recipe.copy_cache.fit_steps, lr=recipe.copy_cache.fit_lr,

@@ -131,6 +131,8 @@ class CopyCacheSection:
     seen: bool = False  # the context-word cue: every token already in the context raised by a gate on log p and its count (ignored without orders)
     continuation: bool = False  # each order's gate also reads whether the copied token continues a word (ignored without orders)
     prior: bool = False  # the context-word cue also reads each token's log unigram frequency in the run's training streams (needs seen)
+    rate: bool = False  # the context-word cue also reads q log t, t the tokens so far: counts read as rates (needs seen)
+    count_cap: int = 0  # the context-word cue reads log min(count, count_cap) (0 = no cap; needs seen)
     fit_text: str = "unseen"  # what the gate is fitted on: "unseen" (`data` past what phase 1 read) or "phase2" (phase-2 training text)
     fit_windows: int = 48  # windows of that text the gate is fitted on
     fit_length: int = 1024  # tokens per window
@@ -269,11 +271,15 @@ def _validate(recipe: Recipe) -> None:
                 raise RecipeError(f"recipe key `copy_cache.{key}` must be an integer > 0 when `copy_cache.orders` is set, got {value!r}")
         if not cache.fit_lr > 0:
             raise RecipeError(f"recipe key `copy_cache.fit_lr` must be > 0, got {cache.fit_lr!r}")
-    for key in ("seen", "continuation", "prior"):
+    for key in ("seen", "continuation", "prior", "rate"):
         if not isinstance(getattr(cache, key), bool):
             raise RecipeError(f"recipe key `copy_cache.{key}` must be true or false, got {getattr(cache, key)!r}")
-    if cache.prior and cache.orders and not cache.seen:
-        raise RecipeError("recipe key `copy_cache.prior` is a term of the context-word cue: set `copy_cache.seen: true` with it")
+    cap = cache.count_cap
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise RecipeError(f"recipe key `copy_cache.count_cap` must be an integer >= 0 (0 = no cap), got {cap!r}")
+    for key in ("prior", "rate", "count_cap"):
+        if getattr(cache, key) and cache.orders and not cache.seen:
+            raise RecipeError(f"recipe key `copy_cache.{key}` is a term of the context-word cue: set `copy_cache.seen: true` with it")
     if cache.fit_text not in COPY_CACHE_FIT_TEXTS:
         raise RecipeError(f"recipe key `copy_cache.fit_text` must be one of {', '.join(COPY_CACHE_FIT_TEXTS)}, got {cache.fit_text!r}")
     lengths = recipe.eval.context_lengths

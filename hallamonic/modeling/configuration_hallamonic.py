@@ -107,6 +107,12 @@ class HallamonicConfig(PreTrainedConfig):
         copy_cache_prior: the context-word cue also reads each token's log unigram frequency in the
             conversion's training text (a sixth cue number and a (V,) table saved with the weights):
             a name seen once is likelier again than a function word seen once (burstiness).
+        copy_cache_rate: the context-word cue also reads q log t, t the tokens so far (one more cue
+            number, no more state): with q near -g the count is read as a rate in the context, so
+            the cue does not grow with length, and a word seen in a short passage is raised more.
+        copy_cache_count_cap: the context-word cue reads log min(count, cap) (0 = no cap): past a
+            few dozen sightings a word's count says nothing more about whether it comes next, and an
+            unbounded count lets filler repeated thousands of times outbid one fact seen once.
         base_model_name_or_path: the teacher this model was converted from (for evaluations).
     """
 
@@ -151,6 +157,8 @@ class HallamonicConfig(PreTrainedConfig):
         copy_cache_seen: bool = False,
         copy_cache_continuation: bool = False,
         copy_cache_prior: bool = False,
+        copy_cache_rate: bool = False,
+        copy_cache_count_cap: int = 0,
         base_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
         use_cache: bool = True,
@@ -196,6 +204,8 @@ class HallamonicConfig(PreTrainedConfig):
         self.copy_cache_seen = copy_cache_seen
         self.copy_cache_continuation = copy_cache_continuation
         self.copy_cache_prior = copy_cache_prior
+        self.copy_cache_rate = copy_cache_rate
+        self.copy_cache_count_cap = copy_cache_count_cap
         self.base_model_name_or_path = base_model_name_or_path
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache
@@ -293,8 +303,13 @@ class HallamonicConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, bool) or (value and not orders):
                 raise ValueError(f"HallamonicConfig: `{name}` must be a bool, true only with `copy_cache_orders`, got {value!r}")
-        if not isinstance(self.copy_cache_prior, bool) or (self.copy_cache_prior and not self.copy_cache_seen):
-            raise ValueError(f"HallamonicConfig: `copy_cache_prior` must be a bool, true only with `copy_cache_seen`, got {self.copy_cache_prior!r}")
+        for name in ("copy_cache_prior", "copy_cache_rate"):  # terms of the context-word cue
+            value = getattr(self, name)
+            if not isinstance(value, bool) or (value and not self.copy_cache_seen):
+                raise ValueError(f"HallamonicConfig: `{name}` must be a bool, true only with `copy_cache_seen`, got {value!r}")
+        cap = self.copy_cache_count_cap
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0 or (cap and not self.copy_cache_seen):
+            raise ValueError(f"HallamonicConfig: `copy_cache_count_cap` must be an integer >= 0, > 0 only with `copy_cache_seen`, got {cap!r}")
         if not isinstance(self.forward_chunk_size, int) or self.forward_chunk_size < 0:
             raise ValueError(f"HallamonicConfig: `forward_chunk_size` must be an integer >= 0, got {self.forward_chunk_size!r}")
         if self.per_layer_bands and len(self.timescale_bands) != self.num_hidden_layers:

@@ -778,7 +778,7 @@ class HallamonicModel(HallamonicPreTrainedModel):
 # --------------------------------------------------------------------------------------------
 COPY_CACHE_GATE_INIT = (-10.0, 0.0, 0.0, 0.0, 0.0)  # softplus(-10) = 5e-5 nats: off until fitted
 COPY_CACHE_LOGP_FLOOR = -30.0  # log p below this reads as this: no boost grows without bound
-COPY_CACHE_SEEN_INIT = (-10.0, 0.0, 0.0, 0.0, 0.0)  # the context-word cue (c, d, e, g[, h]): off until fitted
+COPY_CACHE_SEEN_INIT = (-10.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # the context-word cue (c, d, e, g[, h][, q]): off until fitted
 
 
 class CopyCacheHead(nn.Module):
@@ -805,18 +805,25 @@ class CopyCacheHead(nn.Module):
 
     With ``prior_size`` (``copy_cache_prior``) the context-word cue reads a fifth number, + h log
     prior(v), the token's log unigram frequency in the conversion's training text (``log_prior``
-    (V,), saved as a weight): see ``seen_boosts``."""
+    (V,), saved as a weight): see ``seen_boosts``. With ``rate`` (``copy_cache_rate``) it reads one more,
+    + q log t, t the tokens so far; with ``count_cap`` (``copy_cache_count_cap``) it reads counts up to that cap."""
 
-    def __init__(self, orders: list[int], seen: bool = False, vocab_size: int | None = None, prior_size: int | None = None):
+    def __init__(
+        self, orders: list[int], seen: bool = False, vocab_size: int | None = None, prior_size: int | None = None, rate: bool = False,
+        count_cap: int = 0,
+    ):
         super().__init__()
         self.orders = list(orders)  # a list, not a buffer: nothing for loading on the meta device to leave uninitialised
         columns = len(COPY_CACHE_GATE_INIT) if vocab_size else len(COPY_CACHE_GATE_INIT) - 1
         self.gate = nn.Parameter(torch.tensor([COPY_CACHE_GATE_INIT[:columns]] * len(orders)))  # (K, 4 or 5)
-        if prior_size and not seen:
-            raise ValueError("CopyCacheHead: the prior is a term of the context-word cue; it needs seen=True")
-        # The context-word cue (``copy_cache_seen``): (c, d, e, g[, h]), see ``seen_boosts``.
-        seen_init = COPY_CACHE_SEEN_INIT if prior_size else COPY_CACHE_SEEN_INIT[:4]
-        self.seen_gate = nn.Parameter(torch.tensor(seen_init)) if seen else None  # (4 or 5,)
+        if (prior_size or rate) and not seen:
+            raise ValueError("CopyCacheHead: the prior and the rate are terms of the context-word cue; they need seen=True")
+        if count_cap and not seen:
+            raise ValueError("CopyCacheHead: the count cap is the context-word cue's; it needs seen=True")
+        self.rate, self.count_cap = rate, count_cap
+        # The context-word cue (``copy_cache_seen``): (c, d, e, g[, h][, q]), see ``seen_boosts``.
+        seen_init = COPY_CACHE_SEEN_INIT[: 4 + bool(prior_size) + rate]
+        self.seen_gate = nn.Parameter(torch.tensor(seen_init)) if seen else None  # (4 to 6,)
         # Tables saved with the weights (a checkpoint always holds them), so loading fills them.
         self.register_buffer("continues_word", torch.zeros(vocab_size, dtype=torch.bool) if vocab_size else None)  # (V,)
         self.register_buffer("log_prior", torch.zeros(prior_size) if prior_size else None)  # (V,)
@@ -860,21 +867,29 @@ class CopyCacheHead(nn.Module):
         """(..., S) boosts of tokens already in the context, at positions whose entropy is (...), for
         tokens whose log-probabilities and counts so far are (..., S) (0 where a count is 0):
 
-            gamma_t(v) = softplus(c + d H_t + e log p_t(v) + g log count_t(v) [+ h log prior(v)]),
+            gamma_t(v) = softplus(c + d H_t + e log p_t(v) + g log min(count_t(v), cap) [+ h log prior(v)] [+ q log t]),
 
-        the last term with the prior: its (..., S) values given, else the (V,) table (S = V).
+        the prior's term with the prior: its (..., S) values given, else the (V,) table (S = V); the
+        last with the rate, t = the counts' sum, the tokens so far (every one of them is in a slot).
 
         Why: LAMBADA's target word occurs earlier in most passages, but rarely after the same token
         (evals/results/smollm2-135m-induction-cache/seen_probe.py): the n-gram orders cannot find it,
         a cue on every context word can. Reading log p and the count lets the fit choose which words
         to raise: on SmolLM2 e, g < 0, the unlikely ones seen few times (LAMBADA 0.177 -> 0.190).
         The prior tells a bursty word (a name: rare overall, so seen once it is likely again) from a
-        function word the model already weighs: fitted h < 0 (evals/results/smollm2-135m-induction-cache/prior_probe.py)."""
+        function word the model already weighs: fitted h < 0 (evals/results/smollm2-135m-induction-cache/prior_probe.py).
+        Fitted on 4,096-token windows a cue of fixed strength is an average over their positions; the
+        rate lets it weaken as the context grows (q < 0, near -g: a word's share of the context, which
+        filler repeated for 4K tokens does not inflate) and so be stronger in a short passage (LAMBADA).
+        The cap (none at 0) bounds what a count can add: passkey's filler words, seen 167 times in 4K
+        tokens, outbid the key's first token, seen twice, without it."""
         c, d, e, g = self.seen_gate[:4].unbind()
         x = c + d * entropy[..., None].float() + e * log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
-        x = x + g * counts.float().clamp(min=1).log()
-        if self.seen_gate.shape[0] > 4:
+        x = x + g * counts.float().clamp(min=1, max=getattr(self, "count_cap", 0) or None).log()
+        if self.log_prior is not None:
             x = x + self.seen_gate[4] * (self.log_prior if log_prior is None else log_prior)
+        if getattr(self, "rate", False):
+            x = x + self.seen_gate[-1] * counts.sum(-1, keepdim=True).float().clamp(min=1).log()  # (..., 1): log t
         return F.softplus(x) * (counts > 0)
 
     def forward(self, logits: torch.Tensor, predictions: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
@@ -942,6 +957,8 @@ class HallamonicForCausalLM(HallamonicPreTrainedModel, GenerationMixin):
                 config.copy_cache_orders, config.copy_cache_seen,
                 config.vocab_size if config.copy_cache_continuation else None,
                 config.vocab_size if config.copy_cache_prior else None,
+                getattr(config, "copy_cache_rate", False),
+                getattr(config, "copy_cache_count_cap", 0),
             )
             if config.copy_cache_orders
             else None

@@ -226,6 +226,66 @@ def test_the_prior_fit_raises_rare_words_more_than_common_ones():
     assert fitted["nll_after"] < without["nll_after"] - 0.02
 
 
+def test_the_rate_term_weakens_the_cue_along_the_window_and_the_fit_loss_stays_exact():
+    """The cue's last number adds q log t (t = tokens so far) inside the softplus of every seen
+    token, the same at one position for all of them; the fit reads t from the slot counts, so its
+    loss is still exactly the cached model's own, with the prior beside it."""
+    model = tiny_model()
+    attach_copy_cache(model, [1, 3], 64, seen=True, log_prior=RAMP_PRIOR, rate=True, count_cap=3)  # the cap's loss too
+    assert model.config.copy_cache_rate and model.copy_cache.seen_gate.shape == (6,)
+    windows = torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))])
+    with torch.no_grad():
+        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4, -1.5], [1.5, -0.1, 0.2, 0.0]]))
+        model.copy_cache.seen_gate.copy_(torch.tensor([0.3, 0.2, 0.4, 0.6, -0.3, 0.0]))
+        before = model(windows).logits
+        model.copy_cache.seen_gate[5] = -1.0
+        after = model(windows).logits
+    counts = model.copy_cache_counts(windows)  # (W, L, V)
+    delta = after - before
+    assert torch.all(delta[counts == 0] == 0)  # tokens not yet seen: no change
+    assert torch.all(delta[:, 0] == 0) and torch.all(delta[:, 1:][counts[:, 1:] > 0] < 0)  # the seen ones: log 1 = 0 at the first, then lowered, ...
+    assert float(delta[0, 40][counts[0, 40] > 0].mean()) < float(delta[0, 5][counts[0, 5] > 0].mean())  # ... more late than early
+    stats = copy_cache_statistics(model, windows, progress=False)
+    assert torch.equal(stats["slot_count"].sum(-1), torch.arange(1, 50).repeat(3).float())  # t, from the slots alone
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(after[:, :-1].double().reshape(-1, 40), windows[:, 1:].reshape(-1))
+        assert abs(float(seen_cached_nll(stats, model.copy_cache)) - float(want)) < 1e-5
+
+
+def test_the_rate_fit_reads_a_words_share_of_the_context():
+    """Windows where a word's count grows with the window but its chance of coming next does not
+    (a burst early, the same word spread thin later) against one where it rises with its share: the
+    fit with the rate gives q < 0 and beats the fit without it."""
+    gen = torch.Generator().manual_seed(2)
+    rows = []
+    for _ in range(6):
+        word = int(torch.randint(30, 40, (1,), generator=gen))
+        row = [word if (i < 40 and i % 2 == 1) or (i >= 40 and i % 40 == 39) else int(torch.randint(0, 30, (1,), generator=gen))
+               for i in range(160)]  # every other token at first, then one in 40
+        rows.append(torch.tensor(row))
+    windows = torch.stack(rows)  # (6, 160)
+    plain, with_rate = tiny_model(), tiny_model()
+    attach_copy_cache(plain, [1], 64, seen=True)
+    attach_copy_cache(with_rate, [1], 64, seen=True, rate=True)
+    without = fit_copy_cache(plain, windows, steps=100, progress=False)
+    fitted = fit_copy_cache(with_rate, windows, steps=100, progress=False)
+    assert fitted["rate"] and not fitted["prior"] and len(fitted["seen_gate"]) == 5 and fitted["seen_gate"][4] < -0.1
+    assert fitted["nll_after"] < without["nll_after"] - 0.03
+
+
+def test_the_count_cap_bounds_what_a_count_adds():
+    """Counts past the cap read as the cap: filler seen 167 times is raised no more than at cap."""
+    model = tiny_model()
+    attach_copy_cache(model, [1], 64, seen=True, count_cap=3)
+    assert model.config.copy_cache_count_cap == 3 and model.copy_cache.seen_gate.shape == (4,)
+    with torch.no_grad():
+        model.copy_cache.seen_gate.copy_(torch.tensor([0.0, 0.0, 0.0, 1.0]))  # softplus(log min(count, 3))
+        counts = torch.tensor([[0, 1, 2, 3, 5, 167]])
+        boosts = model.copy_cache.seen_boosts(torch.zeros(1), torch.zeros(1, 6), counts)
+    want = torch.nn.functional.softplus(torch.tensor([1.0, 1, 2, 3, 3, 3]).log()) * (counts > 0)
+    torch.testing.assert_close(boosts, want)
+
+
 def test_the_unigram_prior_counts_the_streams():
     prior = unigram_log_prior([torch.tensor([0, 0, 1]), [1, 1, 3]], 5)  # counts 2, 3, 0, 1, 0 over 6 tokens
     want = torch.tensor([2.5, 3.5, 0.5, 1.5, 0.5]) / (6 + 2.5)
@@ -237,25 +297,30 @@ def test_the_unigram_prior_counts_the_streams():
 
 
 @pytest.mark.parametrize(
-    "seen, continuation, prior",
-    [(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
-    ids=["ngram", "context-words", "continuation", "prior"],
+    "seen, continuation, prior, rate",
+    [(False, False, False, False), (True, False, False, False), (True, True, False, False), (True, True, True, False),
+     (True, False, False, True), (True, True, True, True)],
+    ids=["ngram", "context-words", "continuation", "prior", "rate", "prior-rate-cap"],
 )
-def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path, seen, continuation, prior):
+def test_a_fitted_cache_saves_and_reloads_with_the_same_logits(tmp_path, seen, continuation, prior, rate):
     model = tiny_model()
+    cap = 2 if prior and rate else 0
     attach_copy_cache(model, [1, 2], 128, seen=seen, continues_word=ODD_CONTINUES if continuation else None,
-                      log_prior=RAMP_PRIOR if prior else None)
+                      log_prior=RAMP_PRIOR if prior else None, rate=rate, count_cap=cap)
     fit_copy_cache(model, repeating_windows(2, 48), steps=20, progress=False)
     with torch.no_grad():
         if continuation:
             model.copy_cache.gate[:, 4] = 1.5  # a term the reload must not lose
         if prior:
             model.copy_cache.seen_gate[4] = -0.7
+        if rate:
+            model.copy_cache.seen_gate[-1] = -0.4
     model.save_pretrained(tmp_path)
     again = HallamonicForCausalLM.from_pretrained(tmp_path).eval()
     assert again.config.copy_cache_orders == [1, 2] and again.config.copy_cache_buckets == 128
     assert again.config.copy_cache_seen is seen and again.config.copy_cache_continuation is continuation
-    assert again.config.copy_cache_prior is prior
+    assert again.config.copy_cache_prior is prior and again.config.copy_cache_rate is rate
+    assert again.config.copy_cache_count_cap == cap and again.copy_cache.count_cap == cap
     if continuation:
         assert torch.equal(again.copy_cache.continues_word, ODD_CONTINUES)
     if prior:
@@ -277,6 +342,12 @@ def test_bad_orders_and_missing_ids_are_refused():
         attach_copy_cache(tiny_model(), [1], 64, continues_word=ODD_CONTINUES[:10])
     with pytest.raises(ValueError, match="copy_cache_prior"):
         attach_copy_cache(tiny_model(), [1], 64, log_prior=RAMP_PRIOR)  # the prior is a term of the context-word cue
+    with pytest.raises(ValueError, match="copy_cache_rate"):
+        attach_copy_cache(tiny_model(), [1], 64, rate=True)  # so is the rate
+    with pytest.raises(ValueError, match="copy_cache_count_cap"):
+        attach_copy_cache(tiny_model(), [1], 64, count_cap=16)  # and the cap
+    with pytest.raises(ValueError, match="copy_cache_count_cap"):
+        attach_copy_cache(tiny_model(), [1], 64, seen=True, count_cap=-1)
     with pytest.raises(ValueError, match="`log_prior` must have one entry"):
         attach_copy_cache(tiny_model(), [1], 64, seen=True, log_prior=RAMP_PRIOR[:10])
     with pytest.raises(ValueError, match="no copy cache"):

@@ -80,8 +80,10 @@ def test_export_is_a_complete_checkpoint(converted):
     table = load_file(out / "model.safetensors")["copy_cache.continues_word"]
     assert table.dtype == torch.bool and table.shape == (config["vocab_size"],) and 0 < int(table.sum()) < len(table)
     assert "continues a word" in card
-    # and the cue's prior (copy_cache.prior): a fifth cue number and the training streams' log unigram frequencies
-    assert config["copy_cache_prior"] and len(report["copy_cache"]["seen_gate"]) == 5
+    # and the cue's prior (copy_cache.prior), rate (copy_cache.rate) and cap: two more cue numbers and the training
+    # streams' log unigram frequencies
+    assert config["copy_cache_prior"] and config["copy_cache_rate"] and len(report["copy_cache"]["seen_gate"]) == 6
+    assert config["copy_cache_count_cap"] == 16 and "(at most 16)" in card and "log of the tokens so far" in card
     prior = load_file(out / "model.safetensors")["copy_cache.log_prior"]
     assert prior.shape == (config["vocab_size"],) and torch.isfinite(prior).all() and float(prior.exp().sum()) == pytest.approx(1.0, abs=1e-4)
     assert "log unigram frequency" in card

@@ -62,6 +62,9 @@ def test_exponent_without_a_dot_is_a_number():
         ("copy_cache.buckets=0", r"`copy_cache.buckets` must be an integer > 0"),
         ("copy_cache.seen=maybe", r"`copy_cache.seen` must be true or false"),
         ("copy_cache.seen=false", r"`copy_cache.prior` is a term of the context-word cue"),  # the tiny recipe has prior: true
+        ("copy_cache.rate=sometimes", r"`copy_cache.rate` must be true or false"),
+        ("copy_cache.count_cap=-2", r"`copy_cache.count_cap` must be an integer >= 0"),
+        ("copy_cache.count_cap=1.5", r"`copy_cache.count_cap` must be an integer"),
         ("copy_cache.fit_text=held-out", r"`copy_cache.fit_text` must be one of phase2, unseen"),
         ("harmonic.feature_map=softmax", r"`harmonic.feature_map` must be one of \['hedgehog', 'identity', 'taylor'\]"),
         ("harmonic.taylor_layers=[-1]", r"`harmonic.taylor_layers` must list layer indices >= 0"),

@@ -46,8 +46,8 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
             model.copy_cache.gate.copy_(torch.randn_like(model.copy_cache.gate) * 0.3 + opened)
             if model.copy_cache.continues_word is not None:  # a made-up table: every third id continues a word
                 model.copy_cache.continues_word.copy_(torch.arange(model.config.vocab_size) % 3 == 0)
-            if model.copy_cache.seen_gate is not None:  # (c, d, e, g[, h])
-                model.copy_cache.seen_gate.copy_(torch.tensor([1.0, 0.2, 0.3, 0.7, -0.2])[: model.copy_cache.seen_gate.shape[0]])
+            if model.copy_cache.seen_gate is not None:  # (c, d, e, g[, h][, q])
+                model.copy_cache.seen_gate.copy_(torch.tensor([1.0, 0.2, 0.3, 0.7, -0.2, -0.4])[: model.copy_cache.seen_gate.shape[0]])
             if model.copy_cache.log_prior is not None:  # a made-up prior over the vocabulary
                 model.copy_cache.log_prior.copy_(-torch.rand(model.config.vocab_size) * 10)
     return model
@@ -62,13 +62,14 @@ def stateful_model(seed: int = 0, **overrides) -> HallamonicForCausalLM:
         (4, 8, "identity", ["delta", "sum"], {"timescale_bands": [[[1, 16], [16, 256], [256, 4096]], [[1, 64], [64, 4096]]]}),
         (0, 8, "taylor", "sum", {"taylor_dims": 4}), (4, 8, ["taylor", "identity"], ["sum", "delta"], {"taylor_dims": 3}),
         (4, 8, "identity", "sum", {"copy_cache_orders": [1, 2], "copy_cache_buckets": 8}),
-        (0, 8, "identity", "sum", {"copy_cache_orders": [1, 3], "copy_cache_buckets": 8, "copy_cache_seen": True, "copy_cache_prior": True}),
+        (0, 8, "identity", "sum", {"copy_cache_orders": [1, 3], "copy_cache_buckets": 8, "copy_cache_seen": True, "copy_cache_prior": True,
+                                "copy_cache_rate": True, "copy_cache_count_cap": 2}),
         (0, 8, "identity", "sum", {"copy_cache_orders": [1, 2], "copy_cache_buckets": 8, "copy_cache_continuation": True}),
     ],
     ids=[
         "plain", "short-conv", "selective", "selective-short-conv", "hedgehog", "hedgehog-short-conv", "per-layer-maps",
         "delta", "delta-short-conv-beside-hedgehog", "per-layer-rules", "mamba-value-path", "per-layer-levels",
-        "taylor", "taylor-short-conv-beside-delta", "copy-cache", "copy-cache-context-words-prior", "copy-cache-continuation",
+        "taylor", "taylor-short-conv-beside-delta", "copy-cache", "copy-cache-context-words-prior-rate-cap", "copy-cache-continuation",
     ],
 )
 def model(request) -> HallamonicForCausalLM:

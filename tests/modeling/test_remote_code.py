@@ -50,7 +50,8 @@ json.dump(result, open(out_path, "w"))
         (1, "identity"), (8, "identity"), (8, "hedgehog"), (8, ["identity", "hedgehog"]), (8, "identity", "delta"),
         (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32}),
         (8, "identity", "sum", {"copy_cache_orders": [1, 2, 3], "copy_cache_buckets": 32, "copy_cache_seen": True,
-                                "copy_cache_continuation": True, "copy_cache_prior": True}),
+                                "copy_cache_continuation": True, "copy_cache_prior": True, "copy_cache_rate": True,
+                                "copy_cache_count_cap": 3}),
     ],
     ids=["diagonal", "selective", "hedgehog", "per-layer-maps", "delta", "copy-cache", "copy-cache-every-cue"],
 )
@@ -70,8 +71,8 @@ def checkpoint(request, tmp_path_factory) -> tuple[Path, HallamonicForCausalLM]:
         if model.copy_cache is not None:  # open the gate so that the cache shows in the logits
             gate = torch.tensor([[1.0, 0.2, -0.5, -1.0, 0.8], [2.0, 0.0, 0.0, 0.5, -0.4], [0.5, 0.5, 0.2, 0.0, 0.3]])
             model.copy_cache.gate.copy_(gate[:, : model.copy_cache.gate.shape[1]])
-            if model.copy_cache.seen_gate is not None:  # (c, d, e, g[, h])
-                model.copy_cache.seen_gate.copy_(torch.tensor([0.5, 0.1, 0.3, 0.6, -0.3])[: model.copy_cache.seen_gate.shape[0]])
+            if model.copy_cache.seen_gate is not None:  # (c, d, e, g[, h][, q])
+                model.copy_cache.seen_gate.copy_(torch.tensor([0.5, 0.1, 0.3, 0.6, -0.3, -0.5])[: model.copy_cache.seen_gate.shape[0]])
             if model.copy_cache.continues_word is not None:  # made-up tables the checkpoint must carry
                 model.copy_cache.continues_word.copy_(torch.arange(61) % 2 == 1)
             if model.copy_cache.log_prior is not None:

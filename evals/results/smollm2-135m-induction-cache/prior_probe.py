@@ -62,13 +62,17 @@ class FeatureCue(torch.nn.Module):
     the count term reads the token's rate in the context, count / t, which does not grow with length."""
 
     def __init__(self, table: torch.Tensor, start: torch.Tensor, rate: bool, matched: bool = False, cap: float | None = None,
-                 contra: bool = False):
+                 contra: bool = False, ngram_count: int = 0):
         super().__init__()
         self.register_buffer("table", table)  # (V, F)
         self.rate, self.matched, self.cap, self.contra = rate, matched, cap, contra
         self.matches = None  # (..., 1) per position: how many orders predict a token (set before each call)
         self.contradicted = None  # (..., S): 1 for a token an overruled order predicts (set before each call)
         self.weights = torch.nn.Parameter(torch.cat([start.float(), torch.zeros(table.shape[1] + rate + matched + contra)]))
+        # ngcount: each order's gate also reads u_n log count(v_n), the copied token's count so far (a token
+        # the context holds twice, as the pass key's space, vs a filler word seen 167 times)
+        self.count_weights = torch.nn.Parameter(torch.zeros(ngram_count))  # (K,) or (0,)
+        self.pred_counts = None  # (..., K) the predicted tokens' counts so far (set before each call)
 
     def __call__(self, entropy, log_p, counts, features=None):
         """As CopyCacheHead.seen_boosts; features (..., S, F) per slot, or the table's rows when S = V."""
@@ -85,6 +89,34 @@ class FeatureCue(torch.nn.Module):
         return F.softplus(x + g * counts.float().clamp(min=1, max=self.cap).log() + extra) * (counts > 0)
 
 
+def ngram_boosts(head, cue: FeatureCue):
+    """The product's per-order boosts (`CopyCacheHead.boosts`) with the cue's count term inside the softplus."""
+    def boosts(entropy, log_p, overruled, continues=None):
+        a, b, f, o = head.gate[:, :4].unbind(-1)  # (K,) each
+        x = a + b * entropy[..., None].float() + f * log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR) + o * overruled.float()
+        if head.gate.shape[1] > 4:
+            x = x + head.gate[:, 4] * continues
+        if len(cue.count_weights):
+            x = x + cue.count_weights * cue.pred_counts.float().clamp(min=1).log()
+        return F.softplus(x)
+    return boosts
+
+
+def memoize_trunk() -> None:
+    """Score every variant on the same trunk outputs: the scoring's one trunk forward per batch is
+    kept, keyed by its input ids (only the head and the cache differ between variants)."""
+    from hallamonic.evaluation import scoring
+    original, memo = scoring._final_hidden_or_logits, {}
+
+    def cached(model, input_ids):
+        key = (tuple(input_ids.shape), hash(input_ids.cpu().numpy().tobytes()))
+        if key not in memo:
+            memo[key] = original(model, input_ids)
+        return memo[key]
+
+    scoring._final_hidden_or_logits = cached
+
+
 def slot_features(windows: torch.Tensor, table: torch.Tensor, width: int) -> torch.Tensor:
     """(P, S, F): the features of each window's distinct tokens (its slots, sorted as torch.unique
     gives them, as `_slot_statistics` lays them out), repeated over the window's scored positions."""
@@ -99,20 +131,24 @@ def slot_features(windows: torch.Tensor, table: torch.Tensor, width: int) -> tor
 def feature_nll(stats: dict, head, cue: FeatureCue, features: torch.Tensor) -> torch.Tensor:
     """`seen_cached_nll` with the cue's feature terms."""
     head.seen_boosts = lambda entropy, log_p, counts, *_: cue(entropy, log_p, counts, features)  # an instance attribute
+    head.boosts = ngram_boosts(head, cue)
     try:
         return cc.seen_cached_nll(stats, head)
     finally:
-        del head.seen_boosts  # the class's method again
+        del head.seen_boosts, head.boosts  # the class's methods again
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--variants", default="prior,start", help="feature sets separated by ';' (prior, start, rate, matched, long, capN, contra)")
+    parser.add_argument("--variants", default="prior,start", help="feature sets separated by ';' (prior, start, rate, matched, long, capN, contra, ngcount)")
+    parser.add_argument("--memo", action="store_true", help="keep the trunk's outputs between variants (memory for speed)")
     parser.add_argument("--tasks", default="bits,lambada,passkey")
     parser.add_argument("--fit-length", type=int, default=None, help="tokens per fit window (the recipe's 48 x 1,024 tokens kept: fewer, longer windows)")
     args = parser.parse_args()
     run, recipe, model, tokenizer = load_run(args.model)
+    if args.memo:
+        memoize_trunk()
     vocab = model.config.vocab_size
     if args.fit_length:
         total = recipe.copy_cache.fit_windows * recipe.copy_cache.fit_length
@@ -132,7 +168,9 @@ def main() -> None:
         features = slot_features(windows, table, stats["slot_logit"].shape[1])
         head = copy.deepcopy(control)
         matched = "matched" in names or "long" in names
-        cue = FeatureCue(table, head.seen_gate.detach(), "rate" in names, matched, cap, "contra" in names)
+        cue = FeatureCue(table, head.seen_gate.detach(), "rate" in names, matched, cap, "contra" in names,
+                         len(cache.orders) if "ngcount" in names else 0)
+        cue.pred_counts = stats["slot_count"].gather(-1, stats["pred_slot"])  # (P, K)
         width = stats["slot_logit"].shape[1]
         cue.contradicted = torch.zeros(len(stats["lse"]), width).scatter_reduce(
             1, stats["pred_slot"], stats["overruled"].float(), "amax")  # (P, S)
@@ -141,17 +179,20 @@ def main() -> None:
         match_feature = (lambda valid: valid.float().sum(-1, keepdim=True)) if "matched" in names else \
             (lambda valid: (valid & long_orders.to(valid.device)).any(-1, keepdim=True).float())
         cue.matches = match_feature(stats["valid"])  # (P, 1)
-        after = cc._fit_lbfgs(lambda: feature_nll(stats, head, cue, features), [head.gate, cue.weights])
+        after = cc._fit_lbfgs(lambda: feature_nll(stats, head, cue, features), [head.gate, cue.weights, cue.count_weights])
         record({"model": run.name, "features": names, "task": "fit", **tag, "nll_after": round(after, 4),
-                "seen_weights": [round(x, 4) for x in cue.weights.tolist()], "gate": [[round(x, 4) for x in r] for r in head.gate.tolist()]})
+                "seen_weights": [round(x, 4) for x in cue.weights.tolist()], "gate": [[round(x, 4) for x in r] for r in head.gate.tolist()]}
+               | ({"count_weights": [round(x, 4) for x in cue.count_weights.tolist()]} if len(cue.count_weights) else {}))
         with torch.no_grad():
             model.copy_cache.gate.copy_(head.gate)
         cue.requires_grad_(False)
         model.copy_cache.seen_boosts = lambda entropy, log_p, counts, *_, cue=cue: cue(entropy, log_p, counts)  # the scored head uses it
+        model.copy_cache.boosts = ngram_boosts(model.copy_cache, cue)
         head_forward = type(model.copy_cache).forward
 
         def forward(logits, predictions, counts=None, cue=cue, match_feature=match_feature):
             cue.matches = match_feature(predictions >= 0)  # (B, S, 1)
+            cue.pred_counts = counts.gather(-1, predictions.clamp(min=0))  # (B, S, K)
             cue.contradicted = torch.zeros_like(logits, dtype=torch.float).scatter_reduce(
                 -1, predictions.clamp(min=0), model.copy_cache.overruled(predictions).float(), "amax")  # (B, S, V)
             return head_forward(model.copy_cache, logits, predictions, counts)
