@@ -36,9 +36,10 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from hallamonic.modeling.modeling_hallamonic import CopyCacheHead, HallamonicForCausalLM
+from hallamonic.modeling.modeling_hallamonic import COPY_CACHE_LOGP_FLOOR, CopyCacheHead, HallamonicForCausalLM
 
 
 # The fit starts every order at a boost of softplus(-2) = 0.13 nats, not at the closed gate the
@@ -218,6 +219,43 @@ def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     return (lse - target).mean()
 
 
+def slot_terms(stats: dict, head: CopyCacheHead) -> dict:
+    """What the context-word cue reads that no gate changes (clamped log p, capped log counts, log t,
+    which slots are unseen), computed once for the ~70 loss evaluations of the L-BFGS fit instead of
+    in each: on 12 x 4,096-token windows (~1,700 slots) one evaluation costs seconds."""
+    log_p = stats["slot_logit"] - stats["lse"][:, None]  # (P, S)
+    counts = stats["slot_count"]  # (P, S)
+    columns = [log_p.clamp(min=COPY_CACHE_LOGP_FLOOR), counts.clamp(min=1, max=getattr(head, "count_cap", 0) or None).log()]
+    if head.log_prior is not None:
+        columns.append(stats["slot_prior"])
+    terms = {
+        "pred_log_p": log_p.gather(-1, stats["pred_slot"]),  # (P, K)
+        "features": torch.stack(columns, -1),  # (P, S, 2 or 3): what e, g (and h) multiply
+        "unseen": counts == 0,  # (P, S)
+    }
+    if getattr(head, "rate", False):
+        terms["log_t"] = counts.sum(-1).clamp(min=1).log()  # (P,)
+    return terms
+
+
+def fast_seen_cached_nll(stats: dict, terms: dict, head: CopyCacheHead) -> torch.Tensor:
+    """``seen_cached_nll`` from precomputed ``slot_terms``: the same loss (a test holds them equal)
+    in about a third of the passes over the (P, S) slots. Its reference twin is ``seen_cached_nll``,
+    which goes through the head's own ``boosts`` / ``seen_boosts``, the model's formulas."""
+    boosts = head.boosts(stats["entropy"], terms["pred_log_p"], stats["overruled"], stats.get("continues")) * stats["valid"]
+    c, d = head.seen_gate[:2].unbind()
+    base = c + d * stats["entropy"].float()  # (P,)
+    if "log_t" in terms:
+        base = base + head.seen_gate[-1] * terms["log_t"]
+    width = terms["features"].shape[-1]  # e, g (and h) sit at 2, 3 (and 4)
+    x = base[:, None] + terms["features"] @ head.seen_gate[2 : 2 + width]  # (P, S): one pass, and one for the gradient
+    z = stats["slot_logit"].scatter_add(-1, stats["pred_slot"], boosts) + F.softplus(x)  # (P, S); unseen slots masked below
+    lse = torch.logaddexp(stats["lse_unseen"], torch.logsumexp(z.masked_fill(terms["unseen"], float("-inf")), -1))
+    slot = stats["target_slot"]  # a target in a slot has been seen: its slot is never masked
+    target = torch.where(slot >= 0, z.gather(-1, slot.clamp(min=0)[:, None])[:, 0], stats["target"])
+    return (lse - target).mean()
+
+
 def fit_gate(
     stats: dict, orders: list[int], *, seen: bool, continuation: bool, prior: bool = False, rate: bool = False,
     count_cap: int = 0, steps: int = 400, lr: float = 0.05,
@@ -251,7 +289,10 @@ def fit_gate(
         ngram_only = after
         with torch.no_grad():
             head.seen_gate.copy_(torch.tensor(SEEN_FIT_START[: head.seen_gate.shape[0]]))
-        after = _fit_lbfgs(lambda: seen_cached_nll(stats, head), head.parameters())
+        terms = slot_terms(stats, head)
+        _fit_lbfgs(lambda: fast_seen_cached_nll(stats, terms, head), head.parameters())
+        with torch.no_grad():
+            after = float(seen_cached_nll(stats, head))  # the reported loss: the reference twin's
         report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g[, h][, q]
     return head, report | {
         "gate": [[round(x, 4) for x in row] for row in head.gate.tolist()],  # per order: a_n, b_n, f_n, o_n (, w_n)

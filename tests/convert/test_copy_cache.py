@@ -10,8 +10,10 @@ from hallamonic.convert.copy_cache import (
     attach_copy_cache,
     cached_nll,
     copy_cache_statistics,
+    fast_seen_cached_nll,
     fit_copy_cache,
     seen_cached_nll,
+    slot_terms,
     unigram_log_prior,
     word_continuation_table,
 )
@@ -250,6 +252,28 @@ def test_the_rate_term_weakens_the_cue_along_the_window_and_the_fit_loss_stays_e
     with torch.no_grad():
         want = torch.nn.functional.cross_entropy(after[:, :-1].double().reshape(-1, 40), windows[:, 1:].reshape(-1))
         assert abs(float(seen_cached_nll(stats, model.copy_cache)) - float(want)) < 1e-5
+
+
+@pytest.mark.parametrize("prior, rate, cap", [(False, False, 0), (True, False, 0), (False, True, 3), (True, True, 2)],
+                         ids=["cue", "prior", "rate-cap", "prior-rate-cap"])
+def test_the_fast_fit_loss_equals_its_reference_twin_and_its_gradients(prior, rate, cap):
+    """The L-BFGS fit's loss from precomputed slot terms (fast_seen_cached_nll) is the model's own
+    formula's (seen_cached_nll), value and gradients in both gates."""
+    model = tiny_model()
+    attach_copy_cache(model, [1, 3], 64, seen=True, continues_word=ODD_CONTINUES, log_prior=RAMP_PRIOR if prior else None,
+                      rate=rate, count_cap=cap)
+    with torch.no_grad():
+        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4, -1.5, 0.4], [1.5, -0.1, 0.2, 0.0, -0.3]]))
+        model.copy_cache.seen_gate.copy_(torch.tensor([0.3, 0.2, -0.4, 0.6, -0.3, -0.5])[: model.copy_cache.seen_gate.shape[0]])
+    stats = copy_cache_statistics(model, torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))]), progress=False)
+    head = model.copy_cache
+    want = seen_cached_nll(stats, head)
+    want_grads = torch.autograd.grad(want, [head.gate, head.seen_gate])
+    got = fast_seen_cached_nll(stats, slot_terms(stats, head), head)
+    grads = torch.autograd.grad(got, [head.gate, head.seen_gate])
+    torch.testing.assert_close(got, want)
+    for grad, want_grad in zip(grads, want_grads):
+        torch.testing.assert_close(grad, want_grad)
 
 
 def test_the_rate_fit_reads_a_words_share_of_the_context():
