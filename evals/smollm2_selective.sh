@@ -88,6 +88,15 @@
 #     cp -r outputs/smollm2-seed4-cont outputs/smollm2-seed4-prior; hallamonic convert outputs/smollm2-seed4-prior/training/recipe.yaml
 #     -o outputs/smollm2-seed4-prior --resume --set copy_cache.prior=true (4.8 min), then
 #     NAME=converted-seed4-prior bash evals/smollm2_selective.sh outputs/smollm2-seed4-prior evals/results/smollm2-135m-hallamonic-seed4-prior
+#   the recipe now (the cue's prior, rate and count cap, the gate fitted on 12 x 4,096-token windows; 2026-12-06, eighth session):
+#     cp -r outputs/smollm2-seed4-cont outputs/smollm2-seed4-rate; hallamonic convert outputs/smollm2-seed4-rate/training/recipe.yaml
+#     -o outputs/smollm2-seed4-rate --resume --set copy_cache.prior=true --set copy_cache.rate=true --set copy_cache.count_cap=16
+#     --set copy_cache.fit_windows=12 --set copy_cache.fit_length=4096 (9.3 min), then
+#     NAME=converted-seed4-rate bash evals/smollm2_selective.sh outputs/smollm2-seed4-rate evals/results/smollm2-135m-hallamonic-seed4-rate
+#     and the seed-3 run the same way (from outputs/smollm2-seed3-cont to outputs/smollm2-seed3-rate):
+#     NAME=converted-seed3-rate bash evals/smollm2_selective.sh outputs/smollm2-seed3-rate evals/results/smollm2-135m-hallamonic-seed3-rate
+#     (the runs above had none of the three and 48 x 1,024-token fit windows: to rerun one add --set copy_cache.prior=false
+#     --set copy_cache.rate=false --set copy_cache.count_cap=0 --set copy_cache.fit_windows=48 --set copy_cache.fit_length=1024)
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}

@@ -179,21 +179,27 @@ def test_the_word_continuation_table_reads_the_tokenizer():
 RAMP_PRIOR = -(torch.arange(40, dtype=torch.float32) + 1) / 4  # a made-up prior: higher ids rarer
 
 
+def change_one_cue_number(model, gate: list, seen_gate: list, index: int, value: float):
+    """(windows, logits after, counts (W, L, V), logits after - before): the cached model on windows
+    with repeats and without, before and after its cue's number `index` is set to `value`."""
+    windows = torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))])
+    with torch.no_grad():
+        model.copy_cache.gate.copy_(torch.tensor(gate))
+        model.copy_cache.seen_gate.copy_(torch.tensor(seen_gate))
+        before = model(windows).logits
+        model.copy_cache.seen_gate[index] = value
+        after = model(windows).logits
+    return windows, after, model.copy_cache_counts(windows), after - before
+
+
 def test_the_prior_term_raises_context_tokens_by_their_prior_and_the_fit_loss_stays_exact():
     """The cue's fifth number adds h log prior(v) inside the softplus of every seen token, unseen ones
     untouched; the fit's slot statistics carry each slot's prior, so its loss is still exactly the
     cached model's own."""
     model = tiny_model()
     attach_copy_cache(model, [1, 3], 64, seen=True, continues_word=ODD_CONTINUES, log_prior=RAMP_PRIOR)
-    windows = torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))])
-    with torch.no_grad():
-        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4, -1.5, 0.4], [1.5, -0.1, 0.2, 0.0, -0.3]]))
-        model.copy_cache.seen_gate.copy_(torch.tensor([0.3, 0.2, 0.4, 0.6, 0.0]))
-        before = model(windows).logits
-        model.copy_cache.seen_gate[4] = -0.5
-        after = model(windows).logits
-    counts = model.copy_cache_counts(windows)  # (W, L, V)
-    delta = after - before
+    gate = [[0.5, 0.3, -0.4, -1.5, 0.4], [1.5, -0.1, 0.2, 0.0, -0.3]]
+    windows, after, counts, delta = change_one_cue_number(model, gate, [0.3, 0.2, 0.4, 0.6, 0.0], 4, -0.5)
     assert torch.all(delta[counts == 0] == 0)  # tokens not yet seen: no change
     seen_delta = delta[0, -1][counts[0, -1] > 0]  # the last position of a window: its seen tokens, ids ascending
     assert len(seen_delta) > 3 and torch.all(seen_delta > 0)  # rarer tokens raised more ...
@@ -235,15 +241,8 @@ def test_the_rate_term_weakens_the_cue_along_the_window_and_the_fit_loss_stays_e
     model = tiny_model()
     attach_copy_cache(model, [1, 3], 64, seen=True, log_prior=RAMP_PRIOR, rate=True, count_cap=3)  # the cap's loss too
     assert model.config.copy_cache_rate and model.copy_cache.seen_gate.shape == (6,)
-    windows = torch.cat([repeating_windows(2, 50), torch.randint(0, 25, (1, 50))])
-    with torch.no_grad():
-        model.copy_cache.gate.copy_(torch.tensor([[0.5, 0.3, -0.4, -1.5], [1.5, -0.1, 0.2, 0.0]]))
-        model.copy_cache.seen_gate.copy_(torch.tensor([0.3, 0.2, 0.4, 0.6, -0.3, 0.0]))
-        before = model(windows).logits
-        model.copy_cache.seen_gate[5] = -1.0
-        after = model(windows).logits
-    counts = model.copy_cache_counts(windows)  # (W, L, V)
-    delta = after - before
+    gate = [[0.5, 0.3, -0.4, -1.5], [1.5, -0.1, 0.2, 0.0]]
+    windows, after, counts, delta = change_one_cue_number(model, gate, [0.3, 0.2, 0.4, 0.6, -0.3, 0.0], 5, -1.0)
     assert torch.all(delta[counts == 0] == 0)  # tokens not yet seen: no change
     assert torch.all(delta[:, 0] == 0) and torch.all(delta[:, 1:][counts[:, 1:] > 0] < 0)  # the seen ones: log 1 = 0 at the first, then lowered, ...
     assert float(delta[0, 40][counts[0, 40] > 0].mean()) < float(delta[0, 5][counts[0, 5] > 0].mean())  # ... more late than early

@@ -47,7 +47,6 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
          "phase1.focus_steps=2", "phase1.focus_pool=2",  # the recipe's phase1-focus on layers 20-24, briefly
          "phase2.refit_steps=2", "phase2.refit_pool=2",  # and its phase2-refit of layer 23
          "copy_cache.fit_windows=2", "copy_cache.fit_length=256",  # and its copy cache, fitted on little
-         "copy_cache.prior=true",  # with the cue's prior (off in the recipe: it costs passkey), built from real streams
          "phase2.lr=5.0e-4",  # pinned: the one step's size must not follow the recipe's tuned lr
          "phase1.compile=false",  # compiling costs minutes; test_phases checks compiled == eager
          "phase2.compile=false",
@@ -85,8 +84,9 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
     assert config["copy_cache_continuation"] and all(len(row) == 5 for row in report["copy_cache"]["gate"])
     pieces = {piece: model.copy_cache.continues_word[tokenizer.convert_tokens_to_ids(piece)].item() for piece in ("ou", "Ġthe", "1", ".")}
     assert pieces == {"ou": True, "Ġthe": False, "1": False, ".": False}
-    # and the cue's prior (set above): the training streams' log unigram frequencies, a function word far above a name's piece
-    assert config["copy_cache_prior"] and len(report["copy_cache"]["seen_gate"]) == 5
+    # and the cue's prior, rate and count cap: the training streams' log unigram frequencies, a function word far above a name's piece
+    assert config["copy_cache_prior"] and config["copy_cache_rate"] and len(report["copy_cache"]["seen_gate"]) == 6
+    assert config["copy_cache_count_cap"] == 16
     prior = {piece: model.copy_cache.log_prior[tokenizer.convert_tokens_to_ids(piece)].item() for piece in ("Ġthe", "ĠKar")}
     assert prior["ĠKar"] < prior["Ġthe"] - 2  # (the test's streams are a few hundred tokens: " the" counts tens of times)
 
