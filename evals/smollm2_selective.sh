@@ -95,6 +95,9 @@
 #     NAME=converted-seed4-rate bash evals/smollm2_selective.sh outputs/smollm2-seed4-rate evals/results/smollm2-135m-hallamonic-seed4-rate
 #     and the seed-3 run the same way (from outputs/smollm2-seed3-cont to outputs/smollm2-seed3-rate):
 #     NAME=converted-seed3-rate bash evals/smollm2_selective.sh outputs/smollm2-seed3-rate evals/results/smollm2-135m-hallamonic-seed3-rate
+#     LAMBADA on all 1,000 passages, these two and the recipe before (seed4-cont / seed3-cont into *-continuation/lambada-1000):
+#     hallamonic eval outputs/smollm2-seed4-rate --threads 2 --name converted-seed4-rate --task lambada \
+#       --data ../shared/data/lambada_openai_dev1000.jsonl --limit 1000 --output-dir evals/results/smollm2-135m-hallamonic-seed4-rate/lambada-1000
 #     (the runs above had none of the three and 48 x 1,024-token fit windows: to rerun one add --set copy_cache.prior=false
 #     --set copy_cache.rate=false --set copy_cache.count_cap=0 --set copy_cache.fit_windows=48 --set copy_cache.fit_length=1024)
 set -euo pipefail
