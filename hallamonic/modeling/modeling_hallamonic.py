@@ -886,10 +886,10 @@ class CopyCacheHead(nn.Module):
         tokens, outbid the key's first token, seen twice, without it."""
         c, d, e, g = self.seen_gate[:4].unbind()
         x = c + d * entropy[..., None].float() + e * log_p.float().clamp(min=COPY_CACHE_LOGP_FLOOR)
-        x = x + g * counts.float().clamp(min=1, max=getattr(self, "count_cap", 0) or None).log()
+        x = x + g * counts.float().clamp(min=1, max=self.count_cap or None).log()
         if self.log_prior is not None:
             x = x + self.seen_gate[4] * (self.log_prior if log_prior is None else log_prior)
-        if getattr(self, "rate", False):
+        if self.rate:
             x = x + self.seen_gate[-1] * counts.sum(-1, keepdim=True).float().clamp(min=1).log()  # (..., 1): log t
         return F.softplus(x) * (counts > 0)
 
