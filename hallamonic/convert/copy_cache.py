@@ -159,7 +159,7 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
         if continuation:
             parts["continues"].append(model.copy_cache.continuation(preds))  # (L-1, K)
         if seen:
-            _slot_statistics(parts, logits, model.copy_cache_counts(ids[:, :-1])[0], ids[0], preds, prior)
+            _slot_statistics(parts, logits, ids[0], preds, prior)
     stats = {key: torch.cat(value).cpu() for key, value in parts.items() if value and not key.startswith("slot_")}
     if seen:  # windows hold different numbers of distinct tokens: pad the slots
         width = max(part.shape[1] for part in parts["slot_logit"])
@@ -171,24 +171,37 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
     return stats
 
 
+def window_slots(ids: torch.Tensor) -> torch.Tensor:
+    """(S,) a window's distinct tokens (L,), in the order they first occur: its slots. Why that order:
+    at any position the tokens seen so far are then a prefix of the slots, so the fit's loss can
+    skip the rest (``slot_terms``)."""
+    distinct, inverse = torch.unique(ids, return_inverse=True)  # (S,), (L,)
+    first = torch.full_like(distinct, len(ids)).scatter_reduce(0, inverse, torch.arange(len(ids), device=ids.device), "amin")
+    return distinct[first.argsort()]
+
+
 def _slot_statistics(
-    parts: dict, logits: torch.Tensor, counts: torch.Tensor, ids: torch.Tensor, preds: torch.Tensor, prior: torch.Tensor | None = None
+    parts: dict, logits: torch.Tensor, ids: torch.Tensor, preds: torch.Tensor, prior: torch.Tensor | None = None
 ) -> None:
-    """Append one window's slot statistics: logits (L-1, V), counts so far (L-1, V), ids (L,),
-    predictions (L-1, K), the (V,) log prior if any. Slots are the window's distinct tokens, the only
-    ones a cue can raise."""
-    distinct = torch.unique(ids)  # (S,)
+    """Append one window's slot statistics: logits (L-1, V), ids (L,), predictions (L-1, K), the (V,)
+    log prior if any. Slots are the window's distinct tokens (``window_slots``), the only ones a cue
+    can raise; their counts up to each position are those ``context_counts`` gives the model, taken
+    over the slots alone ((L-1, S) instead of (L-1, V))."""
+    distinct = window_slots(ids)  # (S,)
     if prior is not None:
         parts["slot_prior"].append(prior[distinct].float()[None].expand(len(ids) - 1, -1))  # (L-1, S)
     slot_of = torch.full((logits.shape[-1],), -1, dtype=torch.long, device=ids.device)
     slot_of[distinct] = torch.arange(len(distinct), device=ids.device)
     target = ids[1:]  # (L-1,)
-    seen = counts > 0  # (L-1, V)
-    parts["slot_logit"].append(logits[:, distinct])  # (L-1, S)
-    parts["slot_count"].append(counts[:, distinct])
-    parts["lse_unseen"].append(torch.logsumexp(logits.masked_fill(seen, float("-inf")), -1))  # (L-1,)
+    counts = F.one_hot(slot_of[ids[:-1]], len(distinct)).float().cumsum(0)  # (L-1, S): occurrences up to and including t
+    slot_logit = logits[:, distinct]  # (L-1, S)
+    unseen_logits = logits.scatter(-1, distinct.expand(len(target), -1), torch.where(counts > 0, float("-inf"), slot_logit))
+    parts["slot_logit"].append(slot_logit)
+    parts["slot_count"].append(counts)
+    parts["lse_unseen"].append(torch.logsumexp(unseen_logits, -1))  # (L-1,)
     parts["pred_slot"].append(torch.where(preds >= 0, slot_of[preds.clamp(min=0)], 0))  # (L-1, K)
-    parts["target_slot"].append(torch.where(seen.gather(-1, target[:, None])[:, 0], slot_of[target], -1))
+    target_slot = slot_of[target]  # (L-1,): every target is one of the window's tokens
+    parts["target_slot"].append(torch.where(counts.gather(-1, target_slot[:, None])[:, 0] > 0, target_slot, -1))  # -1: not seen yet
 
 
 def cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
@@ -219,41 +232,62 @@ def seen_cached_nll(stats: dict, head: CopyCacheHead) -> torch.Tensor:
     return (lse - target).mean()
 
 
-def slot_terms(stats: dict, head: CopyCacheHead) -> dict:
-    """What the context-word cue reads that no gate changes (clamped log p, capped log counts, log t,
-    which slots are unseen), computed once for the ~70 loss evaluations of the L-BFGS fit instead of
-    in each: on 12 x 4,096-token windows (~1,700 slots) one evaluation costs seconds."""
-    log_p = stats["slot_logit"] - stats["lse"][:, None]  # (P, S)
+def slot_terms(stats: dict, head: CopyCacheHead, chunks: int = 16) -> list[dict]:
+    """What the L-BFGS fit's ~70 loss evaluations read, computed once: per position the n-gram
+    gate's inputs and, over the slots, what no gate changes (clamped log p, capped log counts, the
+    prior, log t, which slots are unseen). On 12 x 4,096-token windows (~1,700 slots) one evaluation
+    over every slot costs ~2 s here; two savings halve it. Positions are sorted by how many slots
+    they have seen and cut into ``chunks`` groups, each keeping only the slots up to its last seen
+    one: with slots in first-occurrence order (``window_slots``) a position early in a window has
+    seen few (~0.5 of the (P, S) entries are kept on the recipe's windows). The loss is a mean over
+    positions, so their order does not matter."""
     counts = stats["slot_count"]  # (P, S)
-    columns = [log_p.clamp(min=COPY_CACHE_LOGP_FLOOR), counts.clamp(min=1, max=getattr(head, "count_cap", 0) or None).log()]
-    if head.log_prior is not None:
-        columns.append(stats["slot_prior"])
-    terms = {
-        "pred_log_p": log_p.gather(-1, stats["pred_slot"]),  # (P, K)
-        "features": torch.stack(columns, -1),  # (P, S, 2 or 3): what e, g (and h) multiply
-        "unseen": counts == 0,  # (P, S)
-    }
-    if getattr(head, "rate", False):
-        terms["log_t"] = counts.sum(-1).clamp(min=1).log()  # (P,)
-    return terms
+    slot_index = torch.arange(1, counts.shape[1] + 1)  # (S,)
+    needed = ((counts > 0) * slot_index).amax(-1)  # (P,): slots up to the last seen one
+    needed = torch.maximum(needed, torch.maximum(stats["pred_slot"].amax(-1), stats["target_slot"]) + 1)
+    cap = getattr(head, "count_cap", 0) or None
+    groups = []
+    for rows in needed.argsort().chunk(chunks):
+        width = int(needed[rows].max())
+        count = counts[rows, :width]  # (R, W)
+        log_p = stats["slot_logit"][rows, :width] - stats["lse"][rows, None]  # (R, W)
+        columns = [log_p.clamp(min=COPY_CACHE_LOGP_FLOOR), count.clamp(min=1, max=cap).log()]
+        if head.log_prior is not None:
+            columns.append(stats["slot_prior"][rows, :width])
+        group = {key: stats[key][rows] for key in ("entropy", "overruled", "valid", "pred_slot", "lse_unseen", "target_slot", "target")}
+        group |= {
+            "continues": stats["continues"][rows] if "continues" in stats else None,
+            "slot_logit": stats["slot_logit"][rows, :width],  # (R, W)
+            "pred_log_p": log_p.gather(-1, group["pred_slot"]),  # (R, K)
+            "features": torch.stack(columns, -1),  # (R, W, 2 or 3): what e, g (and h) multiply
+            "unseen": count == 0,  # (R, W)
+            "log_t": counts[rows].sum(-1).clamp(min=1).log() if getattr(head, "rate", False) else None,  # (R,)
+        }
+        groups.append(group)
+    return groups
 
 
-def fast_seen_cached_nll(stats: dict, terms: dict, head: CopyCacheHead) -> torch.Tensor:
+def fast_seen_cached_nll(terms: list[dict], head: CopyCacheHead) -> torch.Tensor:
     """``seen_cached_nll`` from precomputed ``slot_terms``: the same loss (a test holds them equal)
-    in about a third of the passes over the (P, S) slots. Its reference twin is ``seen_cached_nll``,
-    which goes through the head's own ``boosts`` / ``seen_boosts``, the model's formulas."""
-    boosts = head.boosts(stats["entropy"], terms["pred_log_p"], stats["overruled"], stats.get("continues")) * stats["valid"]
-    c, d = head.seen_gate[:2].unbind()
-    base = c + d * stats["entropy"].float()  # (P,)
-    if "log_t" in terms:
-        base = base + head.seen_gate[-1] * terms["log_t"]
-    width = terms["features"].shape[-1]  # e, g (and h) sit at 2, 3 (and 4)
-    x = base[:, None] + terms["features"] @ head.seen_gate[2 : 2 + width]  # (P, S): one pass, and one for the gradient
-    z = stats["slot_logit"].scatter_add(-1, stats["pred_slot"], boosts) + F.softplus(x)  # (P, S); unseen slots masked below
-    lse = torch.logaddexp(stats["lse_unseen"], torch.logsumexp(z.masked_fill(terms["unseen"], float("-inf")), -1))
-    slot = stats["target_slot"]  # a target in a slot has been seen: its slot is never masked
-    target = torch.where(slot >= 0, z.gather(-1, slot.clamp(min=0)[:, None])[:, 0], stats["target"])
-    return (lse - target).mean()
+    in about a third of the passes over about half the slots. Its reference twin is
+    ``seen_cached_nll``, which goes through the head's own ``boosts`` / ``seen_boosts``, the model's
+    formulas."""
+    total, positions = 0.0, 0
+    for group in terms:
+        boosts = head.boosts(group["entropy"], group["pred_log_p"], group["overruled"], group["continues"]) * group["valid"]
+        c, d = head.seen_gate[:2].unbind()
+        base = c + d * group["entropy"].float()  # (R,)
+        if group["log_t"] is not None:
+            base = base + head.seen_gate[-1] * group["log_t"]
+        width = group["features"].shape[-1]  # e, g (and h) sit at 2, 3 (and 4)
+        x = base[:, None] + group["features"] @ head.seen_gate[2 : 2 + width]  # (R, W): one pass, and one for the gradient
+        z = group["slot_logit"].scatter_add(-1, group["pred_slot"], boosts) + F.softplus(x)  # (R, W); unseen slots masked below
+        lse = torch.logaddexp(group["lse_unseen"], torch.logsumexp(z.masked_fill(group["unseen"], float("-inf")), -1))
+        slot = group["target_slot"]  # a target in a slot has been seen: its slot is never masked
+        target = torch.where(slot >= 0, z.gather(-1, slot.clamp(min=0)[:, None])[:, 0], group["target"])
+        total = total + (lse - target).sum()
+        positions += len(slot)
+    return total / positions
 
 
 def fit_gate(
@@ -290,7 +324,7 @@ def fit_gate(
         with torch.no_grad():
             head.seen_gate.copy_(torch.tensor(SEEN_FIT_START[: head.seen_gate.shape[0]]))
         terms = slot_terms(stats, head)
-        _fit_lbfgs(lambda: fast_seen_cached_nll(stats, terms, head), head.parameters())
+        _fit_lbfgs(lambda: fast_seen_cached_nll(terms, head), head.parameters())
         with torch.no_grad():
             after = float(seen_cached_nll(stats, head))  # the reported loss: the reference twin's
         report = {"seen_gate": [round(x, 4) for x in head.seen_gate.tolist()], "nll_ngram_only": round(ngram_only, 4)}  # c, d, e, g[, h][, q]

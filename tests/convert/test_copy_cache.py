@@ -15,6 +15,7 @@ from hallamonic.convert.copy_cache import (
     seen_cached_nll,
     slot_terms,
     unigram_log_prior,
+    window_slots,
     word_continuation_table,
 )
 from hallamonic.modeling import HallamonicConfig, HallamonicForCausalLM
@@ -268,11 +269,32 @@ def test_the_fast_fit_loss_equals_its_reference_twin_and_its_gradients(prior, ra
     head = model.copy_cache
     want = seen_cached_nll(stats, head)
     want_grads = torch.autograd.grad(want, [head.gate, head.seen_gate])
-    got = fast_seen_cached_nll(stats, slot_terms(stats, head), head)
+    got = fast_seen_cached_nll(slot_terms(stats, head, chunks=4), head)
     grads = torch.autograd.grad(got, [head.gate, head.seen_gate])
     torch.testing.assert_close(got, want)
     for grad, want_grad in zip(grads, want_grads):
         torch.testing.assert_close(grad, want_grad)
+
+
+def test_slots_come_in_first_occurrence_order_and_the_fit_keeps_only_those_seen():
+    """A window's slots are its distinct tokens as they first occur, so the tokens seen by any
+    position are a prefix of them: the fit's slot terms keep those prefixes (fewer entries than
+    every position times every slot) and their counts are the model's own."""
+    assert window_slots(torch.tensor([7, 3, 7, 9, 3, 1])).tolist() == [7, 3, 9, 1]
+    model = tiny_model()
+    attach_copy_cache(model, [1, 3], 64, seen=True)
+    windows = torch.randint(0, 40, (3, 60), generator=torch.Generator().manual_seed(5))
+    stats = copy_cache_statistics(model, windows, progress=False)
+    for w, ids in enumerate(windows):
+        want = model.copy_cache_counts(ids[None, :-1])[0][:, window_slots(ids)]  # (L-1, S_w) the model's counts
+        got = stats["slot_count"][w * 59 : (w + 1) * 59, : want.shape[1]]
+        assert torch.equal(got, want)
+        seen = (got > 0).sum(-1)  # (L-1,)
+        assert torch.equal(got > 0, torch.arange(got.shape[1])[None] < seen[:, None])  # a prefix
+    groups = slot_terms(stats, model.copy_cache, chunks=6)
+    assert sum(len(g["target"]) for g in groups) == stats["slot_count"].shape[0]
+    kept = sum(g["slot_logit"].numel() for g in groups)
+    assert kept < 0.8 * stats["slot_count"].numel()
 
 
 def test_the_rate_fit_reads_a_words_share_of_the_context():

@@ -118,11 +118,11 @@ def memoize_trunk() -> None:
 
 
 def slot_features(windows: torch.Tensor, table: torch.Tensor, width: int) -> torch.Tensor:
-    """(P, S, F): the features of each window's distinct tokens (its slots, sorted as torch.unique
-    gives them, as `_slot_statistics` lays them out), repeated over the window's scored positions."""
+    """(P, S, F): the features of each window's distinct tokens (its slots, in the order
+    `window_slots` gives them, as `_slot_statistics` lays them out), repeated over the window's scored positions."""
     rows = []
     for ids in windows:
-        distinct = torch.unique(ids)  # (S_w,)
+        distinct = cc.window_slots(ids)  # (S_w,)
         feats = F.pad(table[distinct], (0, 0, 0, width - len(distinct)))  # (S, F)
         rows.append(feats[None].expand(len(ids) - 1, -1, -1))
     return torch.cat(rows)
