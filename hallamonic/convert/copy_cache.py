@@ -15,8 +15,10 @@ H_t + e log p_t(v) + g log count_t(v))) the fit needs more, but still only the w
 tokens: every token either cue raises occurs in the window, so per position the logits of the
 window's distinct tokens (a few hundred "slots"), their counts so far, and the log-sum-exp over all
 other tokens give the loss exactly (``seen_cached_nll``). The n-gram gate is fitted first as
-without it, then both together by L-BFGS (4 x orders + 4 numbers; an Adam step over the slots
-costs ~1 s here).
+without it, then both together by L-BFGS (5 x orders + up to 6 numbers) on a twin of that loss
+that reads each position's seen slots only (``slot_terms``, ``fast_seen_cached_nll``): on the
+recipe's 12 x 4,096-token windows the statistics took ~2.7 min and the fit ~36 s on a 2-core CPU
+with AVX-512 BF16 (``benchmarks/copy_cache_fit.py`` times both on a finished run).
 
 With the word-continuation term (``continuation``: a fifth gate column per order, + w_n when the
 copied token continues a word) the statistics also keep, per prediction, whether its token does
@@ -137,8 +139,8 @@ def copy_cache_statistics(model: HallamonicForCausalLM, windows: torch.Tensor, p
     keys = ("lse", "entropy", "target", "pred_logit", "valid", "same", "overruled", "hit", "continues")
     slot_keys = ("slot_logit", "slot_count", "slot_prior", "lse_unseen", "pred_slot", "target_slot")
     seen = model.copy_cache.seen_gate is not None
-    continuation = getattr(model.copy_cache, "continues_word", None) is not None  # (heads before the term lack it)
-    prior = getattr(model.copy_cache, "log_prior", None) if seen else None
+    continuation = model.copy_cache.continues_word is not None
+    prior = model.copy_cache.log_prior if seen else None
     parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys + (slot_keys if seen else ())}
     device = model.lm_head.weight.device
     for ids in tqdm(windows, desc="copy cache statistics", unit="window", disable=not progress):
@@ -245,7 +247,7 @@ def slot_terms(stats: dict, head: CopyCacheHead, chunks: int = 16) -> list[dict]
     slot_index = torch.arange(1, counts.shape[1] + 1)  # (S,)
     needed = ((counts > 0) * slot_index).amax(-1)  # (P,): slots up to the last seen one
     needed = torch.maximum(needed, torch.maximum(stats["pred_slot"].amax(-1), stats["target_slot"]) + 1)
-    cap = getattr(head, "count_cap", 0) or None
+    cap = head.count_cap or None
     groups = []
     for rows in needed.argsort().chunk(chunks):
         width = int(needed[rows].max())
@@ -261,7 +263,7 @@ def slot_terms(stats: dict, head: CopyCacheHead, chunks: int = 16) -> list[dict]
             "pred_log_p": log_p.gather(-1, group["pred_slot"]),  # (R, K)
             "features": torch.stack(columns, -1),  # (R, W, 2 or 3): what e, g (and h) multiply
             "unseen": count == 0,  # (R, W)
-            "log_t": counts[rows].sum(-1).clamp(min=1).log() if getattr(head, "rate", False) else None,  # (R,)
+            "log_t": counts[rows].sum(-1).clamp(min=1).log() if head.rate else None,  # (R,)
         }
         groups.append(group)
     return groups
@@ -344,9 +346,9 @@ def fit_copy_cache(
     began = time.perf_counter()
     stats = copy_cache_statistics(model, windows, progress=progress)
     seen = model.copy_cache.seen_gate is not None
-    continuation = getattr(model.copy_cache, "continues_word", None) is not None
-    prior = getattr(model.copy_cache, "log_prior", None) is not None
-    rate, count_cap = getattr(model.copy_cache, "rate", False), getattr(model.copy_cache, "count_cap", 0)
+    continuation = model.copy_cache.continues_word is not None
+    prior = model.copy_cache.log_prior is not None
+    rate, count_cap = model.copy_cache.rate, model.copy_cache.count_cap
     head, report = fit_gate(
         stats, model.config.copy_cache_orders, seen=seen, continuation=continuation, prior=prior, rate=rate, count_cap=count_cap,
         steps=steps, lr=lr,

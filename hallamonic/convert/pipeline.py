@@ -42,7 +42,7 @@ from hallamonic.data import DataError
 from hallamonic.tiny import load_builtin_teacher
 from hallamonic.training.checkpoint import latest_checkpoint, load_checkpoint
 from hallamonic.training.packing import PackedBatches
-from hallamonic.training.trainer import MetricsLog, PhaseResult, make_accelerator, run_phase
+from hallamonic.training.trainer import MetricsLog, PhaseResult, make_accelerator, native_bfloat16, run_phase
 
 if TYPE_CHECKING:
     import numpy as np
@@ -249,6 +249,14 @@ def convert(
         if wanted and not compiler_available(accelerator.device.type):
             raise ValueError(f"recipe key `{key}: true` needs a C++ compiler for torch.compile on CPU (g++ or clang++, "
                              f"or $CXX): install one (e.g. apt install g++) or set {key}=false")
+    emulated = emulated_bfloat16_keys(recipe, accelerator.device.type)
+    if emulated:
+        accelerator.print(
+            f"warning: {', '.join(emulated)} ask(s) for bfloat16, which this {accelerator.device.type.upper()} does not compute "
+            "in hardware (no AVX-512 BF16 / AMX): emulated, SmolLM2's teacher pass ran 4.4x slower than in float32 "
+            "(benchmarks/teacher_dtype.py). Set train.mixed_precision / phaseN.teacher_dtype to `native` (bfloat16 only "
+            "where it is native) and base.dtype to float32"
+        )
     teacher, tokenizer = (load_teacher or load_base_model)(recipe.base.model, dtype=DTYPES[recipe.base.dtype])
     teacher.eval().requires_grad_(False)
     layer_lists = (  # (key, layers, in use): checked only when used (a non-Llama base has no model.layers)
@@ -309,7 +317,7 @@ def convert(
     phase1_done = False
     focus = recipe.phase1.focus_steps > 0
     transfers = "phase1" in phases and (recipe.phase1.steps > 0 or focus)  # phase 1 or its focus will run
-    teacher_in = functools.cache(lambda dtype: _transfer_teacher(teacher, dtype))  # one copy per dtype, shared by the phases
+    teacher_in = functools.cache(lambda dtype: teacher_in_dtype(teacher, dtype))  # one copy per dtype, shared by the phases
     transfer_teacher = teacher_in(recipe.phase1.teacher_dtype) if transfers else teacher
     if "phase1" in phases and recipe.phase1.steps > 0:
         results.append(run_phase1(run, transfer_teacher))
@@ -362,6 +370,11 @@ def convert(
         "phases": [asdict(r) for r in results],
         "wall_seconds": time.perf_counter() - began,
         "hardware": _hardware(accelerator),
+        "precision": {  # as resolved on this machine (`native` / `auto` read the hardware)
+            "mixed_precision": str(accelerator.mixed_precision),
+            "phase1_teacher": str(next(transfer_teacher.parameters()).dtype).removeprefix("torch."),
+            "native_bfloat16": native_bfloat16(accelerator.device.type),
+        },
         "processes": accelerator.num_processes,
         "attention_transfer": {"sample": probe_source, "normalised_mse": transfer},
     }
@@ -401,15 +414,33 @@ def _copy_cache_windows(recipe: Recipe, streams: dict, notify=print) -> tuple[to
     return sequences[order[: recipe.copy_cache.fit_windows]], used
 
 
-def _transfer_teacher(teacher: nn.Module, dtype: str | None) -> nn.Module:
+def teacher_in_dtype(teacher: nn.Module, dtype: str | None) -> nn.Module:
     """The teacher whose attention I/O phase 1 and the focus regress (or whose logits and hidden
-    states phase 2 distils): ``teacher`` itself, or a copy in ``phaseN.teacher_dtype``. Why: on a
-    CPU with bfloat16 instructions its pass is ~3x faster (SmolLM2, 4 x 512 tokens: ~1.3 s vs
-    ~4.3 s, a third of a phase-1 step), and the attention outputs it gives differ from float32's by
-    a normalised MSE of ~5e-4, far below what the blocks reach (~0.15): ``benchmarks/teacher_dtype.py``."""
+    states phase 2 distils): ``teacher`` itself, or a copy in ``phaseN.teacher_dtype`` (``native``:
+    bfloat16 where the hardware computes it, else the teacher as loaded). Why: on a CPU with
+    AVX-512 BF16 its pass is ~3x faster (SmolLM2, 4 x 512 tokens: ~1.3 s vs ~4.3 s, a third of a
+    phase-1 step), and the attention outputs it gives differ from float32's by a normalised MSE of
+    ~5e-4, far below what the blocks reach (~0.15); on one without, 4.4x slower:
+    ``benchmarks/teacher_dtype.py``."""
+    if dtype == "native":
+        dtype = "bfloat16" if native_bfloat16(next(teacher.parameters()).device.type) else None
     if dtype is None or DTYPES[dtype] == next(teacher.parameters()).dtype:
         return teacher
     return copy.deepcopy(teacher).to(DTYPES[dtype])
+
+
+def emulated_bfloat16_keys(recipe: Recipe, device_type: str) -> list[str]:
+    """The recipe keys that ask for bfloat16 by name on a device that only emulates it (slower
+    than float32 there: :func:`teacher_in_dtype`); empty where bfloat16 is native."""
+    if native_bfloat16(device_type):
+        return []
+    asked = (
+        ("base.dtype", recipe.base.dtype == "bfloat16"),
+        ("train.mixed_precision", recipe.train.mixed_precision == "bf16"),
+        ("phase1.teacher_dtype", recipe.phase1.teacher_dtype == "bfloat16"),
+        ("phase2.teacher_dtype", recipe.phase2.teacher_dtype == "bfloat16"),
+    )
+    return [key for key, bfloat16 in asked if bfloat16]
 
 
 @dataclass
@@ -556,7 +587,8 @@ def run_phase2_refit(run: ConversionRun, teacher, probe: torch.Tensor) -> tuple[
 def _hardware(accelerator) -> str:
     if torch.cuda.is_available():
         return f"{accelerator.num_processes} x {torch.cuda.get_device_name(0)}"
-    return f"{accelerator.num_processes} process(es) on CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return (f"{accelerator.num_processes} process(es) on CPU ({platform.processor() or platform.machine()}, "
+            f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)")
 
 
 def _transfer_probe(recipe: Recipe, tokens, tokenizer, notify=print) -> tuple[torch.Tensor, str]:

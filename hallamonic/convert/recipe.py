@@ -93,7 +93,7 @@ class Phase1Section(PhaseSection):
     focus_lr: float = 1e-3  # their peak learning rate (warm-up 10% of focus_steps, then phase1.schedule)
     focus_pool: int = 48  # sequences of phase1.seq_len they cycle over, the teacher's I/O captured once each
     focus_inputs: str = "teacher"  # teacher = the teacher's residual stream | converted = the converted model's (blocks elsewhere)
-    teacher_dtype: str | None = None  # dtype of the teacher pass that feeds attention transfer (null = base.dtype)
+    teacher_dtype: str | None = None  # dtype of the teacher pass that feeds attention transfer (null = base.dtype; native = bfloat16 where the hardware has it)
     compile: bool = False  # torch.compile the blocks that attention transfer trains (phase 1, its focus, the phase-2 refit)
 
 
@@ -108,7 +108,7 @@ class Phase2Section(PhaseSection):
     chunk_size: int = 0  # > 0: forward in chunks of this many tokens (carried states)
     frozen_layers: list = field(default_factory=list)  # layers whose mixers phase 2 leaves as phase 1 made them
     hidden_weight: float = 0.0  # weight of the per-token normalised MSE to the teacher's residual stream after every layer
-    teacher_dtype: str | None = None  # dtype of the teacher pass behind kl_weight / hidden_weight (null = base.dtype)
+    teacher_dtype: str | None = None  # dtype of the teacher pass behind kl_weight / hidden_weight (null = base.dtype; native as phase1)
     refit_layers: list = field(default_factory=list)  # layers whose blocks get refit_steps of attention transfer after phase 2
     refit_steps: int = 0  # > 0: that many steps on refit_layers, on the converted model's own inputs ("phase2-refit")
     refit_lr: float = 1e-3  # their peak learning rate (warm-up 10% of refit_steps, then phase1.schedule)
@@ -177,7 +177,7 @@ CHOICES = {
     "phase1.schedule": {"cosine", "linear", "constant"},
     "phase1.focus_inputs": {"teacher", "converted"},
     "phase2.schedule": {"cosine", "linear", "constant"},
-    "train.mixed_precision": {"auto", "no", "bf16", "fp16"},
+    "train.mixed_precision": {"auto", "native", "no", "bf16", "fp16"},
     "train.on_nan": {"stop", "skip"},
 }
 POSITIVE = {"phase1.seq_len", "phase1.batch_size", "phase2.seq_len", "phase2.batch_size", "train.grad_accum"}
@@ -220,8 +220,8 @@ def _validate(recipe: Recipe) -> None:
     if recipe.phase2.refit_steps > 0 and recipe.phase2.lora_rank > 0:  # its inputs come from the teacher's MLPs
         raise RecipeError("recipe key `phase2.refit_steps` > 0 needs `phase2.lora_rank: 0`: the refit runs the blocks among the teacher's own MLPs")
     for key in ("phase1.teacher_dtype", "phase2.teacher_dtype"):
-        if flat[key] not in (None, "float32", "bfloat16"):
-            raise RecipeError(f"recipe key `{key}` must be null, 'float32' or 'bfloat16', got {flat[key]!r}")
+        if flat[key] not in (None, "float32", "bfloat16", "native"):
+            raise RecipeError(f"recipe key `{key}` must be null, 'float32', 'bfloat16' or 'native', got {flat[key]!r}")
     for key in ("phase2.frozen_layers", "harmonic.hedgehog_layers", "harmonic.taylor_layers", "harmonic.delta_layers", "harmonic.recall_layers"):
         if not _layer_indices(flat[key]):
             raise RecipeError(f"recipe key `{key}` must list layer indices >= 0, got {flat[key]!r}")

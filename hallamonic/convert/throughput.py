@@ -16,6 +16,7 @@ Library: :func:`measure_throughput`. CLI: ``hallamonic bench convert RECIPE`` (`
 
 from __future__ import annotations
 
+import functools
 import statistics
 import tempfile
 from dataclasses import replace
@@ -24,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hallamonic.convert.pipeline import DTYPES, ConversionRun, load_base_model, run_phase1, run_phase1_focus, run_phase2, run_phase2_refit
+from hallamonic.convert.pipeline import (
+    DTYPES, ConversionRun, load_base_model, run_phase1, run_phase1_focus, run_phase2, run_phase2_refit, teacher_in_dtype,
+)
 from hallamonic.convert.recipe import Recipe
 from hallamonic.convert.surgery import build_student
 from hallamonic.training.trainer import make_accelerator
@@ -70,15 +73,16 @@ def _timed_phases(recipe: Recipe, steps: int, warmup: int, sequences: int) -> li
     a recipe shortened to its untimed steps plus ``steps``. Pooled phases (focus, refit) get a pool
     of ``sequences``, captured in their first step, which is therefore never timed."""
     p1, p2 = recipe.phase1, recipe.phase2
+    distils = p2.kl_weight > 0 or p2.hidden_weight > 0  # the pipeline's condition for a phase-2 teacher pass in its own dtype
     pooled_skip = max(warmup, 1)  # a pooled phase's first step captures its pool
     phases = [
-        dict(name="phase1", recipe_steps=p1.steps, runner=run_phase1, section=p1, pooled=False, untimed=warmup,
+        dict(name="phase1", recipe_steps=p1.steps, runner=run_phase1, section=p1, pooled=False, untimed=warmup, teacher_dtype=p1.teacher_dtype,
              short=replace(recipe, phase1=replace(p1, steps=warmup + steps, warmup_steps=0))),
-        dict(name="phase1-focus", recipe_steps=p1.focus_steps, runner=run_phase1_focus, section=p1, pooled=True, untimed=pooled_skip,
+        dict(name="phase1-focus", recipe_steps=p1.focus_steps, runner=run_phase1_focus, section=p1, pooled=True, untimed=pooled_skip, teacher_dtype=p1.teacher_dtype,
              short=replace(recipe, phase1=replace(p1, focus_steps=pooled_skip + steps, focus_pool=sequences))),
-        dict(name="phase2", recipe_steps=p2.steps, runner=run_phase2, section=p2, pooled=False, untimed=warmup,
+        dict(name="phase2", recipe_steps=p2.steps, runner=run_phase2, section=p2, pooled=False, untimed=warmup, teacher_dtype=p2.teacher_dtype if distils else None,
              short=replace(recipe, phase2=replace(p2, steps=warmup + steps, warmup_steps=0))),
-        dict(name="phase2-refit", recipe_steps=p2.refit_steps, runner=_refit_runner, section=p1, pooled=True, untimed=pooled_skip,
+        dict(name="phase2-refit", recipe_steps=p2.refit_steps, runner=_refit_runner, section=p1, pooled=True, untimed=pooled_skip, teacher_dtype=p1.teacher_dtype,
              short=replace(recipe, phase2=replace(p2, refit_steps=pooled_skip + steps, refit_pool=sequences))),
     ]  # fmt: skip
     return [phase for phase in phases if phase["recipe_steps"] > 0]
@@ -107,6 +111,7 @@ def measure_throughput(
         teacher, _ = (load_teacher or load_base_model)(recipe.base.model, dtype=dtype)
         teacher, spec = teacher.eval().requires_grad_(False).to(accelerator.device), recipe.base.model
     student = build_student(teacher, recipe.harmonic, seed=recipe.seed, base_spec=spec).to(accelerator.device)
+    teacher_in = functools.cache(lambda dtype: teacher_in_dtype(teacher, dtype))  # the pipeline's teacher copies, one per dtype
     timed = replace(recipe.train, on_nan="skip", log_every=1)  # random weights may overflow: time, don't stop
     sequences = recipe.phase1.batch_size * recipe.train.grad_accum * accelerator.num_processes  # one pooled step's
     rows = []
@@ -121,7 +126,8 @@ def measure_throughput(
             torch.cuda.reset_peak_memory_stats()
         log = _StepRecords()
         with tempfile.TemporaryDirectory() as scratch:  # the phase's end-of-phase checkpoint lands here
-            phase["runner"](ConversionRun(run_recipe, student, tokens, accelerator, Path(scratch), log, False), teacher)
+            run = ConversionRun(run_recipe, student, tokens, accelerator, Path(scratch), log, False)
+            phase["runner"](run, teacher_in(phase["teacher_dtype"]))
         rates = [r["tokens_per_s"] for r in log.records if r.get("tokens_per_s") and r["step"] > skip]
         if not rates:
             raise RuntimeError(f"{name}: no timed step finished (every step was non-finite?)")

@@ -45,7 +45,7 @@ class TrainSection:
     grad_accum: int = 1
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    mixed_precision: str = "auto"  # auto (bf16 on CUDA, none on CPU) | no | bf16 | fp16
+    mixed_precision: str = "auto"  # auto (bf16 on CUDA, none on CPU) | native (bf16 where the hardware has it) | no | bf16 | fp16
     on_nan: str = "stop"  # stop | skip: what a non-finite loss or gradient does
     log_every: int = 10
 

@@ -107,6 +107,7 @@ def test_attention_transfer_is_measured_at_every_stage(converted):
     assert mean["calibrated"] < 1.1 and mean["phase1"] < mean["surgery"]
     saved = json.loads((out / "training" / "report.json").read_text())
     assert saved["attention_transfer"]["normalised_mse"] == stages
+    assert saved["precision"]["mixed_precision"] == "no" and saved["precision"]["phase1_teacher"] == "float32"  # the tiny recipe: auto, null
     card = (out / "README.md").read_text()
     assert "## Attention transfer" in card and f"{mean['phase1']:.3f}" in card
     assert "## Greedy continuation" in card and report["continuations"]["prompt"] in card
@@ -460,6 +461,39 @@ def test_phase2_hidden_alignment_distils_from_one_shared_bfloat16_teacher_copy(c
     ours, theirs = logged_losses(out, "phase2"), logged_losses(reference, "phase2")
     assert len(ours) == len(theirs) == 3
     assert all(a > b for a, b in zip(ours, theirs))  # cross-entropy plus a positive alignment term
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_native_teacher_dtype_is_bfloat16_only_where_the_hardware_computes_it(monkeypatch, native):
+    monkeypatch.setattr(pipeline, "native_bfloat16", lambda device_type: native)
+    teacher = torch.nn.Linear(4, 4)
+    used = pipeline.teacher_in_dtype(teacher, "native")
+    assert next(used.parameters()).dtype == (torch.bfloat16 if native else torch.float32)
+    assert (used is teacher) is not native  # a copy only when the dtype changes
+    assert next(teacher.parameters()).dtype == torch.float32
+
+
+def test_bfloat16_asked_by_name_where_it_is_emulated_is_warned_about(monkeypatch, tmp_path, capsys):
+    """A recipe that names bf16 / bfloat16 on a CPU without AVX-512 BF16 gets a warning naming the
+    keys before anything loads (emulated, it ran 4.4x slower than float32); `native` gets none."""
+
+    class Loaded(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(pipeline, "native_bfloat16", lambda device_type: False)
+    named = load_recipe("tiny", FAST + ["train.mixed_precision=bf16", "phase1.teacher_dtype=bfloat16"])
+    with pytest.raises(Loaded):
+        convert(named, tmp_path / "named", load_teacher=stop)
+    assert "warning: train.mixed_precision, phase1.teacher_dtype ask(s) for bfloat16" in capsys.readouterr().out
+    native = load_recipe("tiny", FAST + ["train.mixed_precision=native", "phase1.teacher_dtype=native"])
+    with pytest.raises(Loaded):
+        convert(native, tmp_path / "native", load_teacher=stop)
+    assert "warning" not in capsys.readouterr().out
+    monkeypatch.setattr(pipeline, "native_bfloat16", lambda device_type: True)
+    assert pipeline.emulated_bfloat16_keys(named, "cpu") == []
 
 
 def test_layers_outside_the_model_are_refused_before_the_folder_is_made(tmp_path):

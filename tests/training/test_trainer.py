@@ -12,7 +12,9 @@ from torch import nn
 
 from hallamonic.training.packing import PackedBatches
 from hallamonic.training.recipe import CheckpointSection, PhaseSection, TrainSection
-from hallamonic.training.trainer import MetricsLog, TrainingDiverged, learning_rate, make_accelerator, run_phase
+from hallamonic.training.trainer import (
+    MetricsLog, TrainingDiverged, learning_rate, make_accelerator, native_bfloat16, resolve_mixed_precision, run_phase,
+)
 
 SECTION = PhaseSection(steps=6, seq_len=8, batch_size=2, lr=0.05, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
 
@@ -93,3 +95,17 @@ def test_one_process_can_switch_mixed_precision():
     assert str(make_accelerator("no").mixed_precision) == "no"
     assert str(make_accelerator("bf16").mixed_precision) == "bf16"
     assert str(make_accelerator("no").mixed_precision) == "no"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_native_precision_is_bf16_only_where_the_hardware_computes_it(monkeypatch, native):
+    """`native`: bf16 autocast on a CPU with AVX-512 BF16 (or AMX), none on one that would emulate
+    it (4.4x slower than float32 there); `auto` stays what it was (none on CPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert native_bfloat16("cpu") is native
+    assert resolve_mixed_precision("native") == ("bf16" if native else "no")
+    assert str(make_accelerator("native").mixed_precision) == ("bf16" if native else "no")
+    assert resolve_mixed_precision("auto") == "no"
+    assert resolve_mixed_precision("bf16") == "bf16"
