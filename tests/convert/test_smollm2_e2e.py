@@ -93,8 +93,9 @@ def test_smollm2_converts_end_to_end_and_beats_chance(gguf, tmp_path):
 
 def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):
     """The recipe's delta-rule recall block (layer 20: three levels, write maps from k_proj),
-    trained compiled in phase 1 under bf16 autocast on its real attention I/O: torch.compile must
-    give eager's gradients. Inductor compiling torch.linalg.solve_triangular for the chunked delta
+    trained compiled in phase 1 on its real attention I/O in the recipe's precision on this machine
+    (`native`: a bfloat16 teacher pass and bf16 autocast where bfloat16 is native, float32 where it
+    would be emulated, ~4x slower): torch.compile must give eager's gradients. Inductor compiling torch.linalg.solve_triangular for the chunked delta
     rule inside this block's graph gave non-finite gradients here (a fresh recipe run stopped at
     phase 1's first step) where eager and the scan compiled alone were finite (tiny random blocks do
     not show it; a random SmolLM2-shaped one does: benchmarks/compile_backward_precision.py
@@ -102,10 +103,11 @@ def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):
     if not FINEWEB.is_file():
         pytest.skip(f"{FINEWEB} not found (../shared/data beside the checkout)")
     from hallamonic.convert.phases import MixerStack, capture_attention_io
-    from hallamonic.convert.pipeline import load_base_model
+    from hallamonic.convert.pipeline import load_base_model, teacher_in_dtype
     from hallamonic.convert.recipe import load_recipe
     from hallamonic.convert.surgery import build_student, calibrate_blocks
     from hallamonic.data import iter_texts
+    from hallamonic.training.trainer import resolve_mixed_precision
 
     recipe = load_recipe("smollm2-135m", [f"base.model={gguf}"])
     layer = recipe.harmonic.delta_layers[0]
@@ -116,11 +118,12 @@ def test_smollm2_delta_block_compiled_gives_eager_gradients(gguf):
     calibrate_blocks(student, teacher, ids[:2])
     mixer = student.model.layers[layer].mixer
     assert mixer.delta and mixer.num_levels == 3
-    inputs, targets = capture_attention_io(teacher.to(torch.bfloat16), ids)  # phase1.teacher_dtype
+    inputs, targets = capture_attention_io(teacher_in_dtype(teacher, recipe.phase1.teacher_dtype), ids)
+    autocast = resolve_mixed_precision(recipe.train.mixed_precision) == "bf16"
     grads = []
     for compile in (False, True):
         mixer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = MixerStack([mixer], compile=compile)([inputs[layer]], [targets[layer]]).sum()
         loss.backward()
         grads.append({name: p.grad.clone() for name, p in mixer.named_parameters() if p.grad is not None})
