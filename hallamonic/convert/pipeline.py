@@ -253,7 +253,7 @@ def convert(
     if emulated:
         accelerator.print(
             f"warning: {', '.join(emulated)} ask(s) for bfloat16, which this {accelerator.device.type.upper()} does not compute "
-            "in hardware (no AVX-512 BF16 / AMX): emulated, SmolLM2's teacher pass ran 4.4x slower than in float32 "
+            "in hardware (a CPU needs AVX-512 BF16 or AMX): emulated, SmolLM2's teacher pass ran 4.4x slower than in float32 "
             "(benchmarks/teacher_dtype.py). Set train.mixed_precision / phaseN.teacher_dtype to `native` (bfloat16 only "
             "where it is native) and base.dtype to float32"
         )
