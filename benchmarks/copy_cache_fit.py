@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hallamonic.convert.copy_cache import copy_cache_statistics, fast_seen_cached_nll, fit_gate, seen_cached_nll, slot_terms
+from hallamonic.convert.copy_cache import (
+    copy_cache_statistics, fast_seen_cached_nll, fit_gate, gate_terms, seen_cached_nll, slot_terms,
+)
 from hallamonic.convert.pipeline import _copy_cache_windows
 from hallamonic.convert.recipe import load_recipe
 from hallamonic.modeling import HallamonicForCausalLM
@@ -88,10 +90,7 @@ def main() -> None:
         median = statistics.median(spent)
         print(f"  {name:<18} {median:6.2f} s   {reference / median:5.2f}x the reference   NLL {values[name]:.5f}")
     began = time.perf_counter()
-    _, report = fit_gate(
-        stats, model.config.copy_cache_orders, seen=True, continuation=head.continues_word is not None,
-        prior=head.log_prior is not None, rate=head.rate, count_cap=head.count_cap,
-    )
+    _, report = fit_gate(stats, model.config.copy_cache_orders, **gate_terms(head))
     print(f"gate fit (Adam, then L-BFGS on the grouped loss): {time.perf_counter() - began:.1f} s, NLL "
           f"{report['nll_before']} -> {report['nll_after']}, cue {report['seen_gate']}")
 

@@ -337,6 +337,14 @@ def fit_gate(
     }
 
 
+def gate_terms(head: CopyCacheHead) -> dict:
+    """Which gate terms ``head`` carries, as :func:`fit_gate`'s keyword arguments."""
+    return {
+        "seen": head.seen_gate is not None, "continuation": head.continues_word is not None,
+        "prior": head.log_prior is not None, "rate": head.rate, "count_cap": head.count_cap,
+    }
+
+
 def fit_copy_cache(
     model: HallamonicForCausalLM, windows: torch.Tensor, *, steps: int = 400, lr: float = 0.05, progress: bool = True
 ) -> dict:
@@ -345,22 +353,16 @@ def fit_copy_cache(
         raise ValueError("fit_copy_cache: the model has no copy cache; call attach_copy_cache first")
     began = time.perf_counter()
     stats = copy_cache_statistics(model, windows, progress=progress)
-    seen = model.copy_cache.seen_gate is not None
-    continuation = model.copy_cache.continues_word is not None
-    prior = model.copy_cache.log_prior is not None
-    rate, count_cap = model.copy_cache.rate, model.copy_cache.count_cap
-    head, report = fit_gate(
-        stats, model.config.copy_cache_orders, seen=seen, continuation=continuation, prior=prior, rate=rate, count_cap=count_cap,
-        steps=steps, lr=lr,
-    )
+    terms = gate_terms(model.copy_cache)
+    head, report = fit_gate(stats, model.config.copy_cache_orders, **terms, steps=steps, lr=lr)
     with torch.no_grad():
         model.copy_cache.gate.copy_(head.gate.to(model.copy_cache.gate))
-        if seen:
+        if terms["seen"]:
             model.copy_cache.seen_gate.copy_(head.seen_gate.to(model.copy_cache.seen_gate))
     return report | {
         "orders": list(model.config.copy_cache_orders),
         "buckets": model.config.copy_cache_buckets,
-        "prior": prior, "rate": rate, "count_cap": count_cap,  # which of the cue's optional terms seen_gate holds; the cap (0: none)
+        **{key: terms[key] for key in ("prior", "rate", "count_cap")},  # which of the cue's optional terms seen_gate holds; the cap (0: none)
         "fit_tokens": int(stats["lse"].numel()),
         "matched_share": round(float(stats["valid"].any(-1).float().mean()), 4),  # positions with any prediction
         "seconds": round(time.perf_counter() - began, 1),

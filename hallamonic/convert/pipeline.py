@@ -333,8 +333,7 @@ def convert(
         measure_transfer("phase1-focus")
 
     if "phase2" in phases and recipe.phase2.steps > 0:
-        distils = recipe.phase2.kl_weight > 0 or recipe.phase2.hidden_weight > 0
-        phase2_teacher = teacher_in(recipe.phase2.teacher_dtype) if distils else teacher
+        phase2_teacher = teacher_in(recipe.phase2.teacher_dtype) if recipe.phase2.distils else teacher
         results.append(run_phase2(run, phase2_teacher))
         measure_transfer("phase2")
     refit = None

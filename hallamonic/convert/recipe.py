@@ -115,6 +115,11 @@ class Phase2Section(PhaseSection):
     refit_pool: int = 192  # sequences of phase1.seq_len they cycle over, each one's I/O captured once
     compile: bool = False  # torch.compile the blocks phase 2 trains, in place for the phase (the first layer's stays eager)
 
+    @property
+    def distils(self) -> bool:
+        """Whether phase 2 runs the teacher (KL or hidden-state terms), in ``teacher_dtype``."""
+        return self.kl_weight > 0 or self.hidden_weight > 0
+
 
 COPY_CACHE_FIT_TEXTS = ("phase2", "unseen")
 

@@ -73,14 +73,13 @@ def _timed_phases(recipe: Recipe, steps: int, warmup: int, sequences: int) -> li
     a recipe shortened to its untimed steps plus ``steps``. Pooled phases (focus, refit) get a pool
     of ``sequences``, captured in their first step, which is therefore never timed."""
     p1, p2 = recipe.phase1, recipe.phase2
-    distils = p2.kl_weight > 0 or p2.hidden_weight > 0  # the pipeline's condition for a phase-2 teacher pass in its own dtype
     pooled_skip = max(warmup, 1)  # a pooled phase's first step captures its pool
     phases = [
         dict(name="phase1", recipe_steps=p1.steps, runner=run_phase1, section=p1, pooled=False, untimed=warmup, teacher_dtype=p1.teacher_dtype,
              short=replace(recipe, phase1=replace(p1, steps=warmup + steps, warmup_steps=0))),
         dict(name="phase1-focus", recipe_steps=p1.focus_steps, runner=run_phase1_focus, section=p1, pooled=True, untimed=pooled_skip, teacher_dtype=p1.teacher_dtype,
              short=replace(recipe, phase1=replace(p1, focus_steps=pooled_skip + steps, focus_pool=sequences))),
-        dict(name="phase2", recipe_steps=p2.steps, runner=run_phase2, section=p2, pooled=False, untimed=warmup, teacher_dtype=p2.teacher_dtype if distils else None,
+        dict(name="phase2", recipe_steps=p2.steps, runner=run_phase2, section=p2, pooled=False, untimed=warmup, teacher_dtype=p2.teacher_dtype if p2.distils else None,
              short=replace(recipe, phase2=replace(p2, steps=warmup + steps, warmup_steps=0))),
         dict(name="phase2-refit", recipe_steps=p2.refit_steps, runner=_refit_runner, section=p1, pooled=True, untimed=pooled_skip, teacher_dtype=p1.teacher_dtype,
              short=replace(recipe, phase2=replace(p2, refit_steps=pooled_skip + steps, refit_pool=sequences))),
