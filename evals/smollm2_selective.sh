@@ -100,6 +100,9 @@
 #       --data ../shared/data/lambada_openai_dev1000.jsonl --limit 1000 --output-dir evals/results/smollm2-135m-hallamonic-seed4-rate/lambada-1000
 #     (the runs above had none of the three and 48 x 1,024-token fit windows: to rerun one add --set copy_cache.prior=false
 #     --set copy_cache.rate=false --set copy_cache.count_cap=0 --set copy_cache.fit_windows=48 --set copy_cache.fit_length=1024)
+#   the recipe now, fresh, seed 5, on a 2-core AMD EPYC with AVX2 only (2026-12-07, third session; `native` precision is
+#     float32 there: no bf16 autocast, a float32 teacher pass; 135.5 min):
+#     NAME=converted-seed5-fp32 bash evals/smollm2_selective.sh outputs/smollm2-seed5 evals/results/smollm2-135m-hallamonic-seed5-fp32 --set seed=5
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
