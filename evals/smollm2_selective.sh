@@ -105,6 +105,7 @@
 #     NAME=converted-seed5-fp32 bash evals/smollm2_selective.sh outputs/smollm2-seed5 evals/results/smollm2-135m-hallamonic-seed5-fp32 --set seed=5
 #   the same, fresh, on a 2-core AMD EPYC with AVX-512 BF16 (2026-12-08; bf16 autocast and a bfloat16 teacher pass there; 39.6 min):
 #     NAME=converted-seed5-bf16 bash evals/smollm2_selective.sh outputs/smollm2-seed5-bf16 evals/results/smollm2-135m-hallamonic-seed5-bf16 --set seed=5
+#     and seed 6 (36.6 min): NAME=converted-seed6 bash evals/smollm2_selective.sh outputs/smollm2-seed6 evals/results/smollm2-135m-hallamonic-seed6 --set seed=6
 set -euo pipefail
 OUT=${1:-outputs/smollm2-n64}
 RES=${2:-evals/results/smollm2-135m-hallamonic-selective}
